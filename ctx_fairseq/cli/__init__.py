@@ -1,0 +1,1 @@
+"""Console scripts (ctx-make-toy, ctx-demo, ctx-bench, ...)."""

@@ -1,0 +1,1 @@
+"""Evaluation: BLEU, contrastive scoring and the papers' analyses."""

@@ -1,0 +1,1 @@
+"""Architectures: one thin file per paper, built from ctx_fairseq.modules."""

@@ -1,0 +1,1 @@
+"""Reusable nn.Modules: each paper's equations live in one module here."""

@@ -1,0 +1,51 @@
+"""ctx-fairseq: a fairseq --user-dir plugin for context-aware NMT.
+
+fairseq itself is not listed in install_requires: the maintained fork we use
+(``ve-fairseq``) declares ``torchaudio`` as a dependency, and resolving that on
+a CPU-only machine pulls the newest CUDA build of torch (gigabytes).
+``scripts/install.sh`` installs torch and the fork first (the fork with
+``--no-deps``) and then this package, whose requirements below include the
+fork's real runtime dependencies. See README.md, "Installation".
+"""
+
+from setuptools import find_packages, setup
+
+FAIRSEQ_RUNTIME_DEPS = [
+    "cffi",
+    "cython",
+    "hydra-core>=1.3.2",
+    "omegaconf>=2.1",
+    "numpy>=1.21.3",
+    "regex",
+    "tqdm",
+    "bitarray",
+    "scikit-learn",
+    "packaging",
+]
+
+setup(
+    name="ctx-fairseq",
+    version="0.1.0",
+    description="Local/global and document-level context for fairseq NMT",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["ctx_fairseq", "ctx_fairseq.*"]),
+    install_requires=FAIRSEQ_RUNTIME_DEPS
+    + [
+        "torch>=2.0",
+        "sacrebleu>=2.0",
+        "subword-nmt",
+        "sacremoses",
+        "entmax>=1.1",
+        "matplotlib",
+    ],
+    extras_require={"test": ["pytest"]},
+    entry_points={
+        "console_scripts": [
+            "ctx-make-toy = ctx_fairseq.cli.make_toy:cli_main",
+            "ctx-demo = ctx_fairseq.cli.demo:cli_main",
+            "ctx-bench = ctx_fairseq.cli.bench:cli_main",
+        ]
+    },
+)
