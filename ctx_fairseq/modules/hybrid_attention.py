@@ -287,30 +287,32 @@ class HybridMultiheadAttention(MultiheadAttention):
     ) -> Tensor:
         """``G`` of shape ``B x 1 x T x S`` (shared by the heads)."""
         device = h.device
+        work = torch.promote_types(dtype, torch.float32)  # half -> float32
         if key_padding_mask is not None and key_padding_mask.size(-1) == src_len:
             real = ~key_padding_mask.to(torch.bool)
-            key_pos = (real.cumsum(-1) - 1).clamp_(min=0).to(torch.float32)  # B x S
-            length = real.sum(-1, keepdim=True).to(torch.float32)  # B x 1
+            key_pos = (real.cumsum(-1) - 1).clamp_(min=0).to(work)  # B x S
+            length = real.sum(-1, keepdim=True).to(work)  # B x 1
         else:  # no padding (or incremental decoding of right-padded targets)
-            key_pos = torch.arange(src_len, device=device, dtype=torch.float32)
+            key_pos = torch.arange(src_len, device=device, dtype=work)
             key_pos = key_pos.unsqueeze(0).expand(bsz, src_len)
-            length = torch.full((bsz, 1), float(src_len), device=device)
+            length = torch.full((bsz, 1), float(src_len), device=device, dtype=work)
         query_pos = key_pos[:, src_len - tgt_len :]  # B x T
         visible = query_pos + 1.0 if self.causal else length  # I_i, B x T (or B x 1)
 
         if self.center_predictor is not None:
-            center = visible * self.center_predictor(h).t().float()  # B x T
+            center = visible * self.center_predictor(h).t().to(work)  # B x T
         else:
             center = query_pos
         if self.window_predictor is not None:
-            width = visible * self.window_predictor(h).t().float()
+            width = visible * self.window_predictor(h).t().to(work)
         else:
             width = torch.full_like(query_pos, float(2 * self.window + 1))
         width = width.clamp(min=1e-3)
         # G_ij = -(p_j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2
         dist = key_pos.unsqueeze(1) - center.unsqueeze(2)  # B x T x S
         bias = -2.0 * dist.pow(2) / width.pow(2).unsqueeze(2)
-        bias = bias.clamp(min=torch.finfo(dtype).min).to(dtype)
+        if work != dtype:
+            bias = bias.clamp(min=torch.finfo(dtype).min).to(dtype)
         return bias.unsqueeze(1)
 
     # --------------------------------------------------------------- forward
