@@ -1,0 +1,390 @@
+"""ctx-bench: throughput, memory and FLOPs of plugin architectures against the
+fairseq ``transformer`` baseline with identical dimensions, in one process.
+
+For each architecture (and the baseline) it builds the model through fairseq's
+own registry and argument parser, then, interleaving the models over
+``--repeats`` rounds (the order rotates each round so that no model always
+runs first):
+
+* **training throughput**: target tokens per second of full training steps
+  (forward, label-smoothed cross-entropy, backward, Adam step) on a random
+  batch of ``--max-tokens`` target tokens;
+* **inference throughput**: sentences per second of beam search through
+  fairseq's ``SequenceGenerator``; every hypothesis is forced to exactly
+  ``--tgt-len`` tokens (``min_len = max_len``) so all models do equal work;
+* **peak memory** of a training step: on CUDA ``max_memory_allocated``; on the
+  CPU, the bytes of parameters, gradients and optimizer state plus the peak of
+  tensor memory allocated during the step (torch profiler);
+* **parameter count**;
+* **the analytic bound on the throughput ratio**: baseline FLOPs / arch FLOPs
+  of one training step (forward + backward), counted by
+  ``torch.utils.flop_counter.FlopCounterMode``.
+
+Each ratio is arch / baseline measured in the same run (median over repeats).
+Architectures are fairseq architecture names; ``ARCH[--opt value --flag]``
+passes extra architecture options, e.g. ``transformer_dc[--dc-decoder-layers all]``.
+A plugin model class may define ``bench_sample(task, args, batch_size,
+src_len, tgt_len, doc_len, device)`` to build its own training sample (e.g.
+with document context); the default is a sentence-level translation batch.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def split_specs(text: str) -> List[str]:
+    """Split ``a,b[--x 1,2],c`` at commas outside brackets."""
+    specs, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"--archs: unbalanced ']' in {text!r}")
+        if ch == "," and depth == 0:
+            specs.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise ValueError(f"--archs: unbalanced '[' in {text!r}")
+    specs.append(cur.strip())
+    return [s for s in specs if s]
+
+
+def parse_spec(spec: str) -> Tuple[str, List[str]]:
+    m = re.fullmatch(r"([A-Za-z0-9_.\-]+)(?:\[(.*)\])?", spec.strip())
+    if not m:
+        raise ValueError(f"--archs: cannot parse {spec!r}; expected ARCH or ARCH[--option value ...]")
+    return m.group(1), shlex.split(m.group(2) or "")
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.device = torch.device(args.device)
+        self.batch_size = max(1, args.max_tokens // args.tgt_len)
+
+    # ----------------------------------------------------------------- build
+    def build(self, arch: str, extra: List[str]):
+        import ctx_fairseq  # noqa: F401
+        from fairseq import options
+        from fairseq.data import Dictionary
+        from fairseq.models import ARCH_MODEL_REGISTRY
+        from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+        a = self.args
+        if arch not in ARCH_MODEL_REGISTRY:
+            raise ValueError(f"--archs: unknown architecture {arch!r}")
+        argv = [
+            "bench-data", "--user-dir", USER_DIR, "--arch", arch, "--task", "translation",
+            "--encoder-layers", str(a.layers), "--decoder-layers", str(a.layers),
+            "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
+            "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
+            "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
+            "--share-all-embeddings", "--max-source-positions", str(max(1024, a.src_len * a.doc_len + 8)),
+            "--max-target-positions", str(max(1024, a.tgt_len + 8)), *extra,
+        ]
+        parser = options.get_training_parser()
+        margs = options.parse_args_and_arch(parser, argv)
+        dictionary = Dictionary()
+        for i in range(a.vocab - dictionary.nspecial):
+            dictionary.add_symbol(f"w{i}")
+        task = TranslationTask(TranslationConfig(), dictionary, dictionary)
+        model_cls = ARCH_MODEL_REGISTRY[arch]
+        model = model_cls.build_model(margs, task).to(self.device)
+        return model, task, margs
+
+    def sample(self, model, task, margs, seed: int) -> Dict:
+        a = self.args
+        hook = getattr(type(model), "bench_sample", None)
+        if hook is not None:
+            return hook(task, margs, self.batch_size, a.src_len, a.tgt_len, a.doc_len, self.device)
+        d = task.target_dictionary
+        g = torch.Generator().manual_seed(seed)
+        bsz = self.batch_size
+        src = torch.randint(d.nspecial, len(d), (bsz, a.src_len), generator=g)
+        src[:, -1] = d.eos()
+        tgt = torch.randint(d.nspecial, len(d), (bsz, a.tgt_len), generator=g)
+        tgt[:, -1] = d.eos()
+        prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)
+        return {
+            "id": torch.arange(bsz), "nsentences": bsz, "ntokens": bsz * a.tgt_len,
+            "net_input": {"src_tokens": src.to(self.device),
+                          "src_lengths": torch.full((bsz,), a.src_len, device=self.device),
+                          "prev_output_tokens": prev.to(self.device)},
+            "target": tgt.to(self.device),
+        }
+
+    # ------------------------------------------------------------- measures
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _autocast(self):
+        if self.args.fp16:
+            return torch.autocast(device_type="cuda", dtype=torch.float16)
+        return torch.autocast(device_type=self.device.type, enabled=False)
+
+    def train_step(self, entry) -> None:
+        model, crit, opt, scaler, sample = (entry[k] for k in ("model", "crit", "opt", "scaler", "sample"))
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss, _, _ = crit(model, sample)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+
+    def count_flops(self, entry) -> float:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        model, crit, sample = entry["model"], entry["crit"], entry["sample"]
+        model.train()
+        with FlopCounterMode(display=False) as counter:
+            loss, _, _ = crit(model, sample)
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(counter.get_total_flops())
+
+    def peak_memory_mb(self, entry) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.train_step(entry)
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() / 2 ** 20
+        from torch.profiler import ProfilerActivity, profile
+
+        self.train_step(entry)  # gradients and optimizer state exist from here on
+        resident = sum(p.numel() * p.element_size() for p in entry["model"].parameters())
+        resident += sum(p.grad.numel() * p.grad.element_size()
+                        for p in entry["model"].parameters() if p.grad is not None)
+        for state in entry["opt"].state.values():
+            resident += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            self.train_step(entry)
+        cur = peak = 0
+        for ev in sorted(prof.events(), key=lambda e: e.time_range.start):
+            cur += ev.self_cpu_memory_usage
+            peak = max(peak, cur)
+        return (resident + peak) / 2 ** 20
+
+    @torch.no_grad()
+    def infer(self, entry) -> float:
+        from fairseq.sequence_generator import SequenceGenerator
+
+        a = self.args
+        model = entry["model"].eval()
+        gen = entry.get("generator")
+        if gen is None:
+            gen = entry["generator"] = SequenceGenerator(
+                [model], entry["task"].target_dictionary, beam_size=a.beam,
+                max_len_a=0, max_len_b=a.tgt_len, min_len=a.tgt_len,
+            )
+        ni = entry["sample"]["net_input"]
+        n = min(a.infer_sentences, ni["src_tokens"].size(0))
+        sample = {"net_input": {"src_tokens": ni["src_tokens"][:n], "src_lengths": ni["src_lengths"][:n]}}
+        for k, v in ni.items():  # document models may carry context inputs
+            if k not in ("src_tokens", "src_lengths", "prev_output_tokens"):
+                sample["net_input"][k] = v[:n] if torch.is_tensor(v) else v
+        self._sync()
+        start = time.perf_counter()
+        with self._autocast():
+            gen.generate([model], sample)
+        self._sync()
+        return n / (time.perf_counter() - start)
+
+    def timed_train(self, entry) -> float:
+        self._sync()
+        start = time.perf_counter()
+        for _ in range(self.args.train_steps):
+            self.train_step(entry)
+        self._sync()
+        return self.args.train_steps * entry["sample"]["ntokens"] / (time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ run
+    def run(self, specs: List[str], log=print) -> Dict:
+        from fairseq.criterions.label_smoothed_cross_entropy import (
+            LabelSmoothedCrossEntropyCriterion,
+        )
+
+        a = self.args
+        entries = []
+        for label in specs:
+            arch, extra = parse_spec(label)
+            torch.manual_seed(a.seed)
+            model, task, margs = self.build(arch, extra)
+            crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+            entry = {
+                "label": label, "model": model, "task": task, "crit": crit,
+                "opt": torch.optim.Adam(model.parameters(), lr=1e-4),
+                "scaler": torch.amp.GradScaler("cuda") if a.fp16 else None,
+                "sample": self.sample(model, task, margs, a.seed),
+                "params": sum(p.numel() for p in model.parameters()),
+                "train": [], "infer": [],
+            }
+            entry["flops"] = self.count_flops(entry)
+            entry["peak_mem_mb"] = self.peak_memory_mb(entry)
+            for _ in range(a.warmup):
+                self.train_step(entry)
+                if a.infer_sentences:
+                    self.infer(entry)
+            entries.append(entry)
+            log(f"ctx-bench: built {label}: {entry['params'] / 1e6:.2f}M params, "
+                f"{entry['flops'] / 1e9:.1f} GFLOP per training step")
+        for r in range(a.repeats):
+            order = entries[r % len(entries):] + entries[:r % len(entries)]
+            for entry in order:
+                entry["train"].append(self.timed_train(entry))
+                if a.infer_sentences:
+                    entry["infer"].append(self.infer(entry))
+            log(f"ctx-bench: repeat {r + 1}/{a.repeats} done")
+        base = entries[0]
+        base_train = statistics.median(base["train"])
+        base_infer = statistics.median(base["infer"]) if base["infer"] else math.nan
+        results = []
+        for e in entries:
+            train = statistics.median(e["train"])
+            infer = statistics.median(e["infer"]) if e["infer"] else math.nan
+            results.append({
+                "arch": e["label"], "params": e["params"],
+                "train_tokens_per_s": train, "train_ratio": train / base_train,
+                "flops_ratio_bound": base["flops"] / e["flops"],
+                "infer_sentences_per_s": None if math.isnan(infer) else infer,
+                "infer_ratio": None if math.isnan(infer) else infer / base_infer,
+                "peak_mem_mb": e["peak_mem_mb"],
+                "train_flops": e["flops"], "train_tokens_per_s_repeats": e["train"],
+                "infer_sentences_per_s_repeats": e["infer"],
+            })
+        return {"device": self.device_name(), "shape": self.shape(), "results": results}
+
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device) + (" fp16" if self.args.fp16 else " fp32")
+        return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+    def shape(self) -> Dict:
+        a = self.args
+        return {
+            "layers": a.layers, "embed_dim": a.embed_dim, "heads": a.heads, "ffn_dim": a.ffn_dim,
+            "vocab": a.vocab, "src_len": a.src_len, "tgt_len": a.tgt_len,
+            "max_tokens": a.max_tokens, "batch_size": self.batch_size, "doc_len": a.doc_len,
+            "beam": a.beam, "infer_sentences": a.infer_sentences, "repeats": a.repeats,
+            "train_steps": a.train_steps, "fp16": a.fp16,
+        }
+
+
+def format_table(report: Dict) -> str:
+    head = ["arch", "params", "train tok/s", "train ratio", "FLOPs bound", "ratio/bound",
+            "infer sent/s", "infer ratio", "peak MB"]
+    rows = []
+    for r in report["results"]:
+        rows.append([
+            r["arch"], f"{r['params'] / 1e6:.2f}M", f"{r['train_tokens_per_s']:.0f}",
+            f"{r['train_ratio']:.3f}", f"{r['flops_ratio_bound']:.3f}",
+            f"{r['train_ratio'] / r['flops_ratio_bound']:.3f}",
+            "-" if r["infer_ratio"] is None else f"{r['infer_sentences_per_s']:.2f}",
+            "-" if r["infer_ratio"] is None else f"{r['infer_ratio']:.3f}", f"{r['peak_mem_mb']:.0f}",
+        ])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    fmt = lambda c: "  ".join(x.rjust(w) if i else x.ljust(w)  # noqa: E731
+                              for i, (x, w) in enumerate(zip(c, widths)))
+    lines = [f"device: {report['device']}", "shape: " + json.dumps(report["shape"]), "",
+             fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+    return "\n".join(lines)
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ctx-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--archs", default=None,
+                   help="comma-separated architectures to compare with the baseline; "
+                   "ARCH[--opt value] passes options (default: every plugin model's base arch)")
+    p.add_argument("--baseline", default="transformer", help="baseline architecture (default: transformer)")
+    p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers (6)")
+    p.add_argument("--embed-dim", type=int, default=512, help="model dimension (512)")
+    p.add_argument("--heads", type=int, default=8, help="attention heads (8)")
+    p.add_argument("--ffn-dim", type=int, default=2048, help="FFN dimension (2048)")
+    p.add_argument("--vocab", type=int, default=32000, help="joined vocabulary size (32000)")
+    p.add_argument("--src-len", type=int, default=30, help="source sentence length (30)")
+    p.add_argument("--tgt-len", type=int, default=30, help="target sentence length (30)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="target tokens per batch (4096)")
+    p.add_argument("--doc-len", type=int, default=1,
+                   help="context sentences per sentence for document models (1)")
+    p.add_argument("--beam", type=int, default=5, help="beam size for inference (5)")
+    p.add_argument("--infer-sentences", type=int, default=32,
+                   help="sentences per beam-search run; 0 skips inference (32)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved measurement rounds (3)")
+    p.add_argument("--train-steps", type=int, default=2, help="training steps per measurement (2)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps per model (1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--fp16", action="store_true", help="mixed precision (autocast fp16; CUDA only)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    return p
+
+
+def cli_main(argv: Optional[List[str]] = None) -> None:
+    parser = get_parser()
+    a = parser.parse_args(argv)
+    for name in ("layers", "embed_dim", "heads", "ffn_dim", "src_len", "tgt_len", "max_tokens",
+                 "doc_len", "beam", "repeats", "train_steps"):
+        if getattr(a, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.infer_sentences < 0 or a.warmup < 0:
+        parser.error("--infer-sentences and --warmup must be >= 0")
+    if a.embed_dim % a.heads:
+        parser.error(f"--embed-dim {a.embed_dim} must be divisible by --heads {a.heads}")
+    if a.vocab < 8:
+        parser.error("--vocab must be >= 8")
+    if a.tgt_len > a.max_tokens:
+        parser.error("--max-tokens must be at least --tgt-len")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if a.fp16 and a.device != "cuda":
+        parser.error("--fp16 needs --device cuda")
+    if a.archs is None:
+        from ctx_fairseq._registry import plugin_models
+
+        specs = list(plugin_models())
+    else:
+        try:
+            specs = split_specs(a.archs)
+            for s in specs:
+                parse_spec(s)
+        except ValueError as err:
+            parser.error(str(err))
+    specs = [a.baseline] + [s for s in specs if s != a.baseline]
+    if a.archs is not None and a.baseline in split_specs(a.archs) and len(specs) == 1:
+        specs = [a.baseline, a.baseline]  # the baseline against itself
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        report = Bench(a).run(specs, log=log)
+    except ValueError as err:
+        parser.error(str(err))
+    if a.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_table(report))
+
+
+if __name__ == "__main__":
+    cli_main(sys.argv[1:])

@@ -1,0 +1,71 @@
+"""ctx-bench on tiny shapes: the JSON report, the baseline against itself,
+architecture option pass-through and bad input."""
+
+import json
+
+import pytest
+
+from ctx_fairseq.cli import bench
+
+TINY = ["--layers", "1", "--embed-dim", "16", "--heads", "2", "--ffn-dim", "32", "--vocab", "64",
+        "--src-len", "6", "--tgt-len", "5", "--max-tokens", "40", "--infer-sentences", "3",
+        "--beam", "2", "--repeats", "2", "--train-steps", "1", "--warmup", "0"]
+
+
+def run_json(capsys, argv):
+    bench.cli_main(argv + ["--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def test_baseline_against_itself(capsys):
+    report = run_json(capsys, ["--archs", "transformer", *TINY])
+    assert set(report) == {"device", "shape", "results"}
+    assert report["shape"]["batch_size"] == 8 and report["shape"]["layers"] == 1
+    a, b = report["results"]
+    keys = {"arch", "params", "train_tokens_per_s", "train_ratio", "flops_ratio_bound",
+            "infer_sentences_per_s", "infer_ratio", "peak_mem_mb"}
+    assert keys <= set(a)
+    assert a["arch"] == b["arch"] == "transformer"
+    assert a["params"] == b["params"] > 0
+    assert a["train_ratio"] == 1.0 and a["flops_ratio_bound"] == 1.0
+    assert b["flops_ratio_bound"] == pytest.approx(1.0)  # identical FLOPs
+    assert b["train_tokens_per_s"] > 0 and b["infer_sentences_per_s"] > 0
+    assert b["peak_mem_mb"] == pytest.approx(a["peak_mem_mb"], rel=0.2)
+    assert b["train_ratio"] == pytest.approx(b["train_tokens_per_s"] / a["train_tokens_per_s"])
+
+
+def test_options_pass_through_change_the_model(capsys):
+    report = run_json(capsys, ["--archs", "transformer[--encoder-ffn-embed-dim 64]",
+                               "--infer-sentences", "0", *TINY[:-10], "--repeats", "1",
+                               "--train-steps", "1", "--warmup", "0"])
+    base, wide = report["results"]
+    assert wide["arch"] == "transformer[--encoder-ffn-embed-dim 64]"
+    # one encoder layer's FFN grows from 16x32 to 16x64 (weights and biases)
+    assert wide["params"] - base["params"] == 2 * 16 * 32 + 32
+    assert wide["flops_ratio_bound"] < 1.0
+    assert wide["infer_ratio"] is None
+
+
+def test_table_output(capsys):
+    bench.cli_main(["--archs", "transformer", *TINY])
+    out = capsys.readouterr().out
+    assert "train ratio" in out and "FLOPs bound" in out and out.count("transformer") >= 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--archs", "no_such_arch"], "unknown architecture"),
+    (["--archs", "transformer[--x"], "unbalanced"),
+    (["--embed-dim", "30", "--heads", "4"], "divisible"),
+    (["--fp16"], "--fp16 needs --device cuda"),
+    (["--layers", "0"], "--layers must be >= 1"),
+])
+def test_bad_input(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        bench.cli_main([*TINY, *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_split_specs_keeps_commas_inside_brackets():
+    assert bench.split_specs("a,b[--l 1,3],c") == ["a", "b[--l 1,3]", "c"]
+    assert bench.parse_spec("b[--l 1,3 --flag]") == ("b", ["--l", "1,3", "--flag"])
