@@ -114,12 +114,12 @@ class LocalContextUnit(nn.Module):
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None
                 ) -> Tensor:
         tgt_len = x.size(0)
-        x_in = x
-        if padding_mask is not None:
-            # B x T -> T x B x 1; padded inputs contribute nothing to the windows
-            x_in = x.masked_fill(padding_mask.transpose(0, 1).unsqueeze(-1).to(torch.bool), 0.0)
+        # B x T -> T x B x 1; padded inputs contribute nothing to the windows
+        pad = (padding_mask.transpose(0, 1).unsqueeze(-1).to(torch.bool)
+               if padding_mask is not None else None)
 
         if incremental_state is not None:
+            x_in = x if pad is None else x.masked_fill(pad, 0.0)
             if not self.causal:
                 raise RuntimeError("LocalContextUnit: incremental decoding needs causal=True")
             ctx = x_in
@@ -129,10 +129,13 @@ class LocalContextUnit(nn.Module):
                     buf = x_in.new_zeros(self.kernel_size - 1, x_in.size(1), x_in.size(2))
                 ctx = torch.cat([buf, x_in], dim=0)
                 self._set_input_buffer(incremental_state, ctx[-(self.kernel_size - 1):])
+        elif self.padding_l or self.padding_r:
+            # one new buffer: zero boundaries, then zero the padded inputs in place
+            ctx = F.pad(x, (0, 0, 0, 0, self.padding_l, self.padding_r))
+            if pad is not None:
+                ctx[self.padding_l:self.padding_l + tgt_len].masked_fill_(pad, 0.0)
         else:
-            ctx = x_in
-            if self.padding_l or self.padding_r:
-                ctx = F.pad(x_in, (0, 0, 0, 0, self.padding_l, self.padding_r))
+            ctx = x if pad is None else x.masked_fill(pad, 0.0)
 
         r_hat = F.glu(self.window_proj(self._windows(ctx, tgt_len)), dim=-1)
         r_hat = self.dropout_module(r_hat)
