@@ -1,0 +1,51 @@
+"""fairseq keeps every sentence once ctx_fairseq is imported."""
+
+import os
+
+import numpy as np
+import pytest
+
+import ctx_fairseq  # noqa: F401
+from fairseq_cli_utils import USER_DIR, generate, hypotheses, preprocess, train
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 13, 100])
+@pytest.mark.parametrize("use_vec", [True, False])
+def test_batch_by_size_keeps_the_last_partial_batch(n, use_vec):
+    from fairseq.data import data_utils
+
+    indices = np.random.RandomState(n).permutation(n).astype(np.int64)
+    kwargs = {"num_tokens_vec": np.full(n, 6, dtype=np.int64)} if use_vec else {}
+    batches = data_utils.batch_by_size(indices, lambda i: 6, max_tokens=60,
+                                       required_batch_size_multiple=8, **kwargs)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(n))  # every index exactly once
+    assert all(len(b) <= 10 for b in batches)
+    assert data_utils.batch_by_size(np.array([], dtype=np.int64), lambda i: 1,
+                                    max_tokens=10) == []
+
+
+def test_generate_translates_every_test_sentence(toy_corpus, tmp_path):
+    """13 test sentences (not a multiple of 8): all 13 come out of fairseq-generate."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split, n in (("train", 40), ("valid", 13), ("test", 13)):
+        for side in ("src", "tgt"):
+            lines = open(os.path.join(toy_corpus, f"train.{side}")).read().splitlines()[:n]
+            (raw / f"{split}.{side}").write_text("\n".join(lines) + "\n")
+    dest = str(tmp_path / "bin")
+    preprocess(["--source-lang", "src", "--target-lang", "tgt", "--trainpref", str(raw / "train"),
+                "--validpref", str(raw / "valid"), "--testpref", str(raw / "test"),
+                "--destdir", dest, "--joined-dictionary", "--workers", "1"])
+    save = str(tmp_path / "ck")
+    train([dest, "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+           "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+           "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
+           "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+           "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "200", "--max-update", "1",
+           "--save-dir", save, "--no-progress-bar", "--num-workers", "0"])
+    out = generate([dest, "--path", os.path.join(save, "checkpoint_last.pt"), "--beam", "2",
+                    "--max-tokens", "500", "--gen-subset", "test", "--num-workers", "0",
+                    "--max-len-b", "10"])
+    assert len(hypotheses(out)) == 13
+    assert USER_DIR.endswith("ctx_fairseq")
