@@ -59,8 +59,10 @@ def test_demo_runs_and_reuses_steps(demo_run, capsys):
     # ... and a changed setting re-runs the steps it affects.
     demo.cli_main(["--workdir", demo_run, "--archs", "transformer", *TINY[:-1], "3"])
     out = capsys.readouterr().out
-    assert out.count("done earlier, reused") == 2
-    assert "train transformer: done in" in out
+    assert out.count("done earlier, reused") == 2  # toy corpus and preprocessing
+    for step in ("train transformer", "fairseq-generate transformer",
+                 "BLEU + contrastive accuracy transformer"):
+        assert f"{step}: done in" in out
 
 
 def test_failed_step_names_command_and_log(tiny_model, tmp_path, capsys, monkeypatch):

@@ -25,7 +25,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,14 +72,17 @@ class Demo:
             f.write(key)
 
     def run_step(self, name: str, title: str, cmd: List[str], outputs: List[str],
-                 stdout_path: Optional[str] = None, progress_total: Optional[int] = None) -> None:
-        """Run ``cmd`` unless an identical earlier run finished; log to logs/NAME.log."""
+                 stdout_path: Optional[str] = None, progress_total: Optional[int] = None,
+                 depends: Sequence[str] = ()) -> str:
+        """Run ``cmd`` unless an identical earlier run (same command, same inputs
+        from the steps it ``depends`` on) finished; log to logs/NAME.log.
+        Returns the step's key, which later steps name in ``depends``."""
         self.step_no += 1
-        key = hashlib.sha256(json.dumps(cmd).encode()).hexdigest()
+        key = hashlib.sha256(json.dumps([cmd, list(depends)]).encode()).hexdigest()
         prefix = f"[{self.step_no}/{self.total_steps}] {title}"
         if self._is_done(name, key, outputs):
             self.say(f"{prefix}: done earlier, reused")
-            return
+            return key
         os.makedirs(self.logs, exist_ok=True)
         log_path = os.path.join(self.logs, name + ".log")
         self.say(f"{prefix} ...")
@@ -110,6 +113,7 @@ class Demo:
             os.replace(stdout_path + ".partial", stdout_path)
         self._mark_done(name, key)
         self.say(f"{prefix}: done in {time.time() - start:.0f}s")
+        return key
 
     # ------------------------------------------------------------------- main
     def run(self) -> Dict[str, Dict]:
@@ -117,24 +121,25 @@ class Demo:
         py = sys.executable
         raw = os.path.join(self.work, "data")
         binned = os.path.join(self.work, "data-bin")
-        self.run_step(
+        toy_key = self.run_step(
             "make-toy", "make the toy corpus",
             [py, "-m", "ctx_fairseq.cli.make_toy", "--out", raw, "--docs", str(a.docs),
              "--sents-per-doc", str(a.sents_per_doc), "--max-distance", str(a.max_distance),
              "--seed", str(a.seed)],
             [os.path.join(raw, "toy.json")],
         )
-        self.run_step(
+        data_key = self.run_step(
             "preprocess", "fairseq-preprocess (joined dictionary)",
             [py, "-m", "ctx_fairseq.cli.demo", "--_preprocess", raw, binned],
             [os.path.join(binned, "dict.src.txt"), os.path.join(binned, "test.docids")],
+            depends=[toy_key],
         )
         results = {}
         for arch in a.archs:
-            results[arch] = self.run_arch(arch, binned, raw)
+            results[arch] = self.run_arch(arch, binned, raw, data_key)
         return results
 
-    def run_arch(self, arch: str, binned: str, raw: str) -> Dict:
+    def run_arch(self, arch: str, binned: str, raw: str, data_key: str) -> Dict:
         a = self.args
         py = sys.executable
         cls = _model_class(arch)
@@ -150,8 +155,8 @@ class Demo:
             "--save-dir", ckpt_dir, "--no-epoch-checkpoints", "--disable-validation",
             "--no-progress-bar", "--log-interval", "25", "--num-workers", "0",
         ]
-        self.run_step(f"train-{arch}", f"train {arch}", train_cmd, [ckpt],
-                      progress_total=a.max_update)
+        train_key = self.run_step(f"train-{arch}", f"train {arch}", train_cmd, [ckpt],
+                                  progress_total=a.max_update, depends=[data_key])
         gen = os.path.join(self.work, "generate", f"{arch}.txt")
         os.makedirs(os.path.dirname(gen), exist_ok=True)
         gen_cmd = [
@@ -159,16 +164,14 @@ class Demo:
             "--gen-subset", "test", "--beam", "4", "--max-tokens", "8000", "--num-workers", "0",
             *getattr(cls, "demo_generate_args", []),
         ]
-        self.run_step(f"generate-{arch}", f"fairseq-generate {arch}", gen_cmd, [gen],
-                      stdout_path=gen)
-        # scoring depends on both outputs: key it on the training and generate commands
+        gen_key = self.run_step(f"generate-{arch}", f"fairseq-generate {arch}", gen_cmd, [gen],
+                                stdout_path=gen, depends=[train_key])
         res_path = os.path.join(self.work, "results", f"{arch}.json")
         self.run_step(
             f"score-{arch}", f"BLEU + contrastive accuracy {arch}",
             [py, "-m", "ctx_fairseq.cli.demo", "--_score", arch, ckpt, binned,
-             os.path.join(raw, "test.contrastive.jsonl"), gen, res_path,
-             hashlib.sha256(json.dumps([train_cmd, gen_cmd]).encode()).hexdigest()],
-            [res_path],
+             os.path.join(raw, "test.contrastive.jsonl"), gen, res_path],
+            [res_path], depends=[train_key, gen_key],
         )
         with open(res_path, encoding="utf-8") as f:
             return json.load(f)
@@ -288,7 +291,7 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-distance", type=int, default=3,
                    help="maximum antecedent distance K (default: 3)")
     p.add_argument("--_preprocess", nargs=2, help=argparse.SUPPRESS)
-    p.add_argument("--_score", nargs=7, help=argparse.SUPPRESS)
+    p.add_argument("--_score", nargs=6, help=argparse.SUPPRESS)
     return p
 
 
@@ -299,7 +302,7 @@ def cli_main(argv=None) -> None:
         _preprocess(*args._preprocess)
         return
     if args._score:
-        _score(*args._score[:6])
+        _score(*args._score)
         return
     import ctx_fairseq  # noqa: F401
     from fairseq.models import ARCH_MODEL_REGISTRY
