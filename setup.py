@@ -46,6 +46,7 @@ setup(
             "ctx-make-toy = ctx_fairseq.cli.make_toy:cli_main",
             "ctx-demo = ctx_fairseq.cli.demo:cli_main",
             "ctx-bench = ctx_fairseq.cli.bench:cli_main",
+            "ctx-score-contrastive = ctx_fairseq.eval.contrastive:cli_main",
         ]
     },
 )
