@@ -10,24 +10,21 @@ safe loading stays on for every other ``torch.load`` in the process.
 """
 
 import argparse
-import collections
 from typing import List
 
 import torch
 
 
 def fairseq_checkpoint_globals() -> List[object]:
-    """The plain-data classes that fairseq checkpoints are made of."""
-    allowed: List[object] = [argparse.Namespace, collections.OrderedDict]
-    try:  # fairseq may record omegaconf containers in ``cfg``
-        from omegaconf import DictConfig, ListConfig
-        from omegaconf.base import ContainerMetadata, Metadata
-        from omegaconf.nodes import AnyNode
+    """The non-primitive classes that fairseq checkpoints are made of.
 
-        allowed += [DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode]
-    except ImportError:  # pragma: no cover - omegaconf is a fairseq dependency
-        pass
-    return allowed
+    fairseq stores ``cfg`` as plain containers (``OmegaConf.to_container``),
+    but with ``--arch``-style training its ``model`` entry (and the legacy
+    ``args``) is an ``argparse.Namespace``. Tensors, dicts, lists, numbers,
+    strings and ``OrderedDict`` (the model's state dict) are allowed by torch
+    already.
+    """
+    return [argparse.Namespace]
 
 
 def allow_fairseq_checkpoints() -> None:
