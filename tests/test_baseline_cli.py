@@ -73,3 +73,27 @@ def test_user_dir_from_repository_root(toy_bin, tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (save / "checkpoint_last.pt").exists()
+
+
+def test_fairseq_interactive_loads_the_checkpoint(baseline_run, toy_bin, toy_corpus, tmp_path):
+    import contextlib
+    import io
+
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import interactive
+
+    from fairseq_cli_utils import USER_DIR
+
+    src = open(os.path.join(toy_corpus, "test.src")).read().splitlines()[:3]
+    inp = tmp_path / "input.txt"
+    inp.write_text("\n".join(src) + "\n")
+    parser = options.get_interactive_generation_parser()
+    args = options.parse_args_and_arch(parser, [
+        toy_bin, "--user-dir", USER_DIR, "--path", os.path.join(baseline_run[0], "checkpoint_last.pt"),
+        "--source-lang", "src", "--target-lang", "tgt", "--beam", "2", "--input", str(inp),
+        "--max-len-b", "10"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        interactive.main(convert_namespace_to_omegaconf(args))
+    assert sum(line.startswith("H-") for line in out.getvalue().splitlines()) == 3
