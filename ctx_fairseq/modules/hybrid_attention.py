@@ -332,10 +332,17 @@ class HybridMultiheadAttention(MultiheadAttention):
         if need_head_weights:
             need_weights = True
         # Eq. (1), once: the parent projects Q/K/V (using its incremental cache),
-        # scales Q by 1/sqrt(d), masks padded keys with -inf and adds attn_mask.
+        # scales Q by 1/sqrt(d), adds attn_mask and (unless folded into our own
+        # mask below, which saves a full pass over the energy) masks padded keys.
+        fold_padding = (
+            not before_softmax
+            and incremental_state is None
+            and key_padding_mask is not None
+            and self.mode in ("gate", "concat", "local")
+        )
         energy, v = super().forward(
             query, key, value,
-            key_padding_mask=key_padding_mask,
+            key_padding_mask=None if fold_padding else key_padding_mask,
             incremental_state=incremental_state,
             need_weights=False,
             static_kv=static_kv,
@@ -351,13 +358,22 @@ class HybridMultiheadAttention(MultiheadAttention):
         v = v.view(bsz, heads, src_len, self.head_dim)
         very_negative = torch.finfo(energy.dtype).min
 
+        pad: Optional[Tensor] = None  # B x 1 x S, True at padded keys
+        if fold_padding:
+            assert key_padding_mask is not None
+            pad = key_padding_mask.to(torch.bool).unsqueeze(1)
+
         local_extra: Optional[Tensor] = None
         if self.mode in ("gate", "concat"):
             # Eq. (2) and (3) from one masked_fill and one softmax: plane 0 is the
-            # global energy, plane 1 the band-limited one.
-            both = self.band_masks.stacked(tgt_len, src_len, query.device)
-            logits = energy.unsqueeze(0).masked_fill(both.unsqueeze(1).unsqueeze(1),
-                                                     very_negative)
+            # global energy, plane 1 the band-limited one. Masked entries get the
+            # most negative finite value (exactly zero probability; see docstring).
+            mask = self.band_masks.stacked(tgt_len, src_len, query.device)  # 2 x T x S
+            if pad is not None:
+                mask = mask.unsqueeze(1) | pad.unsqueeze(0)  # 2 x B x T x S
+            else:
+                mask = mask.unsqueeze(1)  # 2 x 1 x T x S
+            logits = energy.unsqueeze(0).masked_fill(mask.unsqueeze(2), very_negative)
             probs = self._softmax(logits)  # 2 x B x H x T x S
             if self.mode == "gate":
                 g = self.gate(query)  # T x B x G
@@ -376,8 +392,10 @@ class HybridMultiheadAttention(MultiheadAttention):
                     tgt_len, bsz, embed_dim)
         else:
             if self.mode == "local":
-                outside = self.band_masks.outside(tgt_len, src_len, query.device)
-                logits = energy.masked_fill(outside, very_negative)
+                mask = self.band_masks.outside(tgt_len, src_len, query.device)  # T x S
+                if pad is not None:
+                    mask = (mask.unsqueeze(0) | pad).unsqueeze(1)  # B x 1 x T x S
+                logits = energy.masked_fill(mask, very_negative)
             else:
                 logits = energy + self._gaussian_bias(
                     query, key_padding_mask, bsz, tgt_len, src_len, energy.dtype)
