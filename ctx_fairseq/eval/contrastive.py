@@ -22,7 +22,7 @@ import argparse
 import collections
 import json
 import sys
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -35,8 +35,14 @@ def _encode(dictionary, sentence: str) -> torch.Tensor:
 
 @torch.no_grad()
 def score_pairs(model, task, sources: Sequence[str], targets: Sequence[str],
-                batch_size: int = 64) -> List[float]:
-    """Sum of log p(target | source) for each (source, target) pair."""
+                batch_size: int = 64,
+                extra_net_input: Optional[Callable[[int, int], Dict[str, torch.Tensor]]] = None,
+                ) -> List[float]:
+    """Sum of log p(target | source) for each (source, target) pair.
+
+    ``extra_net_input(start, end)``, when given, returns further ``net_input``
+    tensors (e.g. document context, one row per pair) for pairs
+    ``start:end``."""
     from fairseq.data import data_utils
 
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
@@ -50,7 +56,11 @@ def score_pairs(model, task, sources: Sequence[str], targets: Sequence[str],
         target = data_utils.collate_tokens(tgt, tgt_dict.pad(), tgt_dict.eos(), left_pad=False)
         prev = data_utils.collate_tokens(tgt, tgt_dict.pad(), tgt_dict.eos(), left_pad=False,
                                          move_eos_to_beginning=True)
-        net_output = model(src_tokens.to(device), src_lengths.to(device), prev.to(device))
+        extra = {}
+        if extra_net_input is not None:
+            extra = {k: v.to(device) for k, v in
+                     extra_net_input(start, start + len(src)).items()}
+        net_output = model(src_tokens.to(device), src_lengths.to(device), prev.to(device), **extra)
         lprobs = model.get_normalized_probs(net_output, log_probs=True)
         target = target.to(device)
         tok = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
@@ -59,15 +69,24 @@ def score_pairs(model, task, sources: Sequence[str], targets: Sequence[str],
     return scores
 
 
-def evaluate(model, task, records: Sequence[dict], batch_size: int = 64) -> Dict:
-    """Accuracy overall, per phenomenon and per (phenomenon, distance)."""
+def evaluate(model, task, records: Sequence[dict], batch_size: int = 64,
+             extra_net_input: Optional[Callable[[Sequence[int]], Dict[str, torch.Tensor]]] = None,
+             ) -> Dict:
+    """Accuracy overall, per phenomenon and per (phenomenon, distance).
+
+    ``extra_net_input(record_indices)``, when given, returns further
+    ``net_input`` tensors for a batch of pairs, one row per pair, given the
+    index (into ``records``) of each pair's record."""
     sources, targets, owner = [], [], []
     for i, rec in enumerate(records):
         for tgt in [rec["ref"], *rec["contrastive"]]:
             sources.append(rec["src"])
             targets.append(tgt)
             owner.append(i)
-    scores = score_pairs(model, task, sources, targets, batch_size)
+    extra = None
+    if extra_net_input is not None:
+        extra = lambda start, end: extra_net_input(owner[start:end])  # noqa: E731
+    scores = score_pairs(model, task, sources, targets, batch_size, extra)
     per_record = collections.defaultdict(list)
     for i, s in zip(owner, scores):
         per_record[i].append(s)

@@ -1,0 +1,513 @@
+"""Sentence-level translation examples that know their document.
+
+:class:`DocumentContextDataset` wraps fairseq's ``LanguagePairDataset`` (one
+sentence pair per item, documents contiguous in corpus order) and a list of
+document ids (one per sentence, ``{split}.docids``). Every sentence gets its
+document number and 0-based position in the document, and each batch carries
+the context sentences in ``net_input``:
+
+* ``src_ctx_tokens`` (``B x Tc``): the source context sentences of each
+  sentence concatenated in document order, each ended by the separator (by
+  default ``</s>``: every binarized sentence already ends with it, so the
+  context is simply the sentences one after the other), the whole context
+  ended by ``</s>``; padded on the same side as the source (left by default);
+  at least one column wide; a sentence without context (first in its document
+  with ``prev`` context) is a row of padding only;
+* ``src_ctx_lengths`` (``B``): the number of context tokens (0 when empty);
+* ``tgt_ctx_tokens`` / ``tgt_ctx_lengths``: the same for target-side context
+  (gold references, or the lines of a hypotheses file), padded like the target;
+* ``src_ctx_sent_offsets`` (only with whole-document context): for each
+  context token the signed offset of its sentence from the current one
+  (``-1`` = previous sentence, ``+1`` = next; 0 at padding).
+
+The batch also has ``doc_index`` (document number) and ``sent_pos`` (position
+in the document) per sentence, outside ``net_input``.
+
+Context never crosses a document boundary, except on purpose with an
+ablation: ``shuffled`` takes each sentence's context from another, random
+document position (the context that position really has, so a sentence with
+real context gets non-empty context), ``random`` replaces every context word
+by a random vocabulary token (sentence lengths and separators kept). Both are
+deterministic for a seed.
+
+Document batching (:meth:`DocumentContextDataset.batch_by_size` when
+``document_batching`` is on) makes batches of whole consecutive documents
+within ``max_tokens`` / ``max_sentences``; a document that does not fit into a
+batch on its own is cut into consecutive chunks that each fit.
+:class:`DocumentShardedEpochBatchIterator` then shards batches across
+distributed workers by whole documents (all chunks of a document go to the
+same worker), so the workers partition the sentences exactly.
+"""
+
+import logging
+import math
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from fairseq.data import FairseqDataset, data_utils, iterators
+
+logger = logging.getLogger(__name__)
+
+DIRECTIONS = ("prev", "next", "both")
+ABLATIONS = ("none", "shuffled", "random")
+DOCUMENT_CONTEXTS = ("none", "online", "offline")
+
+
+class DocumentIdError(ValueError):
+    """Document ids that do not fit the data (count, empty id, non-contiguous)."""
+
+
+def read_docids(path: str, expected: Optional[int] = None) -> List[str]:
+    """Read ``{split}.docids`` (one id per line); check it against the number
+    of sentences ``expected`` and that every document is contiguous."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            ids = [line.rstrip("\r\n") for line in f]
+    except FileNotFoundError as err:
+        raise DocumentIdError(
+            f"{path}: document ids not found; the document-level task needs one document id "
+            f"per sentence beside the binarized data ({{split}}.docids)") from err
+    check_docids(ids, path, expected)
+    return ids
+
+
+def check_docids(ids: Sequence[str], path: str = "<docids>", expected: Optional[int] = None) -> None:
+    if expected is not None and len(ids) != expected:
+        raise DocumentIdError(
+            f"{path}: {len(ids)} document ids for {expected} sentences; expected exactly one "
+            f"document id per sentence (line) of the data")
+    for lineno, doc in enumerate(ids, 1):
+        if not doc.strip():
+            raise DocumentIdError(f"{path}:{lineno}: empty document id; expected one id per line")
+    if not ids:
+        return
+    arr = np.asarray(ids, dtype=object)
+    starts = np.flatnonzero(np.concatenate([[True], arr[1:] != arr[:-1]]))
+    run_ids = arr[starts]
+    _, first, counts = np.unique(run_ids.astype(str), return_index=True, return_counts=True)
+    if (counts > 1).any():
+        # the earliest run that repeats an earlier document
+        seen = {}
+        for r, (s, doc) in enumerate(zip(starts, run_ids)):
+            if doc in seen:
+                prev_start, prev_end = seen[doc]
+                raise DocumentIdError(
+                    f"{path}:{s + 1}: document {doc!r} reappears after another document "
+                    f"(it was at lines {prev_start + 1}-{prev_end}); expected each document's "
+                    f"sentences to be contiguous")
+            end = starts[r + 1] if r + 1 < len(starts) else len(arr)
+            seen[doc] = (s, end)
+
+
+def _ranges(doc_start: np.ndarray, doc_end: np.ndarray, k: Optional[int], direction: str):
+    """Per sentence the half-open index ranges of the previous and the next
+    context sentences (empty ranges where there are none), within the doc."""
+    n = len(doc_start)
+    idx = np.arange(n, dtype=np.int64)
+    empty = idx.copy()
+    big = n if k is None else k
+    if direction in ("prev", "both") and big > 0:
+        p_lo, p_hi = np.maximum(idx - big, doc_start), idx
+    else:
+        p_lo, p_hi = empty, empty
+    if direction in ("next", "both") and big > 0:
+        n_lo, n_hi = idx + 1, np.minimum(idx + 1 + big, doc_end)
+    else:
+        n_lo, n_hi = empty + 1, empty + 1
+    return p_lo, p_hi, n_lo, n_hi
+
+
+class DocumentContextDataset(FairseqDataset):
+    """A ``LanguagePairDataset`` with document structure and context inputs.
+
+    Args:
+        base: the sentence-level ``LanguagePairDataset`` (corpus order).
+        doc_ids: one document id per sentence (strings), documents contiguous.
+        src_context_size / tgt_context_size: context sentences on each side
+            (per direction) of the current sentence; 0 turns a side off.
+        direction: ``prev``, ``next`` or ``both``.
+        ablation: ``none``, ``shuffled`` or ``random`` (see module docstring).
+        seed: seed of the ablations.
+        document_context: ``none``; ``online`` (all previous sentences of the
+            document) or ``offline`` (all other sentences of the document);
+            overrides the sizes and direction of every side that is on.
+        document_batching: batches of whole documents / document chunks.
+        separator: token index ending each context sentence (default eos).
+        tgt_context: sequence of target-side token tensors to take target
+            context from (default: the references, ``base.tgt``).
+        max_src_context_tokens / max_tgt_context_tokens: longer contexts are
+            cut, keeping the tokens nearest the current sentence for
+            ``prev`` context and the first ones otherwise.
+        docids_path: named in error messages.
+    """
+
+    def __init__(self, base, doc_ids: Sequence[str], src_context_size: int = 1,
+                 tgt_context_size: int = 0, direction: str = "prev", ablation: str = "none",
+                 seed: int = 1, document_context: str = "none", document_batching: bool = False,
+                 separator: Optional[int] = None, tgt_context: Optional[Sequence] = None,
+                 max_src_context_tokens: Optional[int] = None,
+                 max_tgt_context_tokens: Optional[int] = None, docids_path: str = "<docids>"):
+        super().__init__()
+        if direction not in DIRECTIONS:
+            raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
+        if ablation not in ABLATIONS:
+            raise ValueError(f"--context-ablation: expected one of {ABLATIONS}, got {ablation!r}")
+        document_context = document_context or "none"
+        if document_context not in DOCUMENT_CONTEXTS:
+            raise ValueError(f"--document-context: expected one of {DOCUMENT_CONTEXTS}, "
+                             f"got {document_context!r}")
+        for name, v in (("--source-context-size", src_context_size),
+                        ("--target-context-size", tgt_context_size)):
+            if v is None or int(v) < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        check_docids(doc_ids, docids_path, len(base))
+        self.base = base
+        self.docids_path = docids_path
+        self.src_dict, self.tgt_dict = base.src_dict, base.tgt_dict
+        self.left_pad_source, self.left_pad_target = base.left_pad_source, base.left_pad_target
+        self.pad_to_multiple = getattr(base, "pad_to_multiple", 1)
+        self.src_context_size, self.tgt_context_size = int(src_context_size), int(tgt_context_size)
+        self.direction, self.ablation, self.seed = direction, ablation, int(seed)
+        self.document_context = document_context
+        self.document_batching = bool(document_batching) or document_context != "none"
+        self.eos = self.src_dict.eos()
+        self.separator = self.eos if separator is None else int(separator)
+        self.max_src_context_tokens = max_src_context_tokens
+        self.max_tgt_context_tokens = max_tgt_context_tokens
+        if tgt_context is not None and len(tgt_context) != len(base):
+            raise ValueError(f"target context: {len(tgt_context)} lines for {len(base)} sentences")
+        self.tgt_context = tgt_context
+        if self.tgt_context_size > 0 and tgt_context is None and base.tgt is None:
+            raise ValueError("--target-context-size > 0 needs target sentences (references or "
+                             "--target-context-file)")
+
+        # document structure (vectorised)
+        n = len(doc_ids)
+        arr = np.asarray(doc_ids, dtype=object)
+        is_start = np.ones(n, dtype=bool)
+        if n > 1:
+            is_start[1:] = arr[1:] != arr[:-1]
+        self.doc_start = np.flatnonzero(is_start).astype(np.int64)  # per document
+        self.doc_len = np.diff(np.append(self.doc_start, n)).astype(np.int64)
+        self.doc_names = [str(x) for x in arr[self.doc_start]]
+        self.doc_index = np.cumsum(is_start).astype(np.int64) - 1  # per sentence
+        self.sent_pos = np.arange(n, dtype=np.int64) - self.doc_start[self.doc_index]
+        s_start = self.doc_start[self.doc_index]
+        s_end = s_start + self.doc_len[self.doc_index]
+
+        # context windows per side: (prev_lo, prev_hi, next_lo, next_hi)
+        self.windows = {}
+        for side, k in (("src", self.src_context_size), ("tgt", self.tgt_context_size)):
+            if k <= 0:
+                continue
+            if document_context == "online":
+                self.windows[side] = _ranges(s_start, s_end, None, "prev")
+            elif document_context == "offline":
+                self.windows[side] = _ranges(s_start, s_end, None, "both")
+            else:
+                self.windows[side] = _ranges(s_start, s_end, k, direction)
+        self.donor = self._shuffled_donors() if ablation == "shuffled" else None
+
+    # ----------------------------------------------------------------- context
+    def _shuffled_donors(self) -> Optional[np.ndarray]:
+        """For each sentence a position in another document whose (real)
+        context stands in for its own; uniform over positions that have
+        context, deterministic for the seed."""
+        if not self.windows:
+            return None
+        p_lo, p_hi, n_lo, n_hi = next(iter(self.windows.values()))
+        count = (p_hi - p_lo) + (n_hi - n_lo)
+        eligible = np.flatnonzero(count > 0)
+        n = len(count)
+        rng = np.random.default_rng([self.seed, 7919])
+        if len(eligible) == 0:
+            return np.arange(n, dtype=np.int64)
+        d_start = self.doc_start[self.doc_index]
+        d_end = d_start + self.doc_len[self.doc_index]
+        lo = np.searchsorted(eligible, d_start)
+        hi = np.searchsorted(eligible, d_end)
+        own = hi - lo
+        others = len(eligible) - own
+        u = rng.random(n)
+        if (others == 0).any():
+            logger.warning("shuffled context: only one document has context; sentences of it "
+                           "take context from a random position of the same document")
+        pick = np.where(others > 0, np.floor(u * np.maximum(others, 1)).astype(np.int64),
+                        np.floor(u * len(eligible)).astype(np.int64))
+        pick = np.where((others > 0) & (pick >= lo), pick + own, pick)
+        return eligible[pick].astype(np.int64)
+
+    def context_indices(self, index: int, side: str = "src") -> List[int]:
+        """Corpus indices of the context sentences of ``index`` (in order)."""
+        win = self.windows.get(side)
+        if win is None:
+            return []
+        p_lo, p_hi, n_lo, n_hi = win
+        if self.donor is not None and (p_hi[index] - p_lo[index]) + (n_hi[index] - n_lo[index]) > 0:
+            index = int(self.donor[index])
+        return list(range(p_lo[index], p_hi[index])) + list(range(n_lo[index], n_hi[index]))
+
+    def _sentence(self, side: str, j: int) -> torch.Tensor:
+        if side == "src":
+            return self.base.src[j]
+        return (self.tgt_context if self.tgt_context is not None else self.base.tgt)[j]
+
+    def context_tokens(self, index: int, side: str = "src") -> torch.Tensor:
+        """The 1-D context of one sentence: ``s_1 SEP s_2 SEP ... s_n`` with
+        ``SEP`` ending each sentence and ``</s>`` the whole context (with the
+        default separator ``</s>`` these coincide); empty without context."""
+        ids = self.context_indices(index, side)
+        if not ids:
+            return torch.empty(0, dtype=torch.long)
+        parts = []
+        for j in ids:
+            s = self._sentence(side, j).long()
+            if s.numel() and s[-1] == self.eos:
+                s = s[:-1]
+            parts.append(s)
+            parts.append(torch.tensor([self.separator], dtype=torch.long))
+        ctx = torch.cat(parts)
+        ctx[-1] = self.eos
+        limit = self.max_src_context_tokens if side == "src" else self.max_tgt_context_tokens
+        if limit is not None and ctx.numel() > limit:
+            p_lo, p_hi, n_lo, n_hi = self.windows[side]
+            if n_hi[index] == n_lo[index]:  # previous sentences only: keep the nearest
+                ctx = ctx[-limit:]
+            else:
+                ctx = torch.cat([ctx[:limit - 1], ctx.new_tensor([self.eos])])
+        if self.ablation == "random":
+            d = self.src_dict if side == "src" else self.tgt_dict
+            words = (ctx != self.separator) & (ctx != self.eos)
+            g = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + int(index) * 2 + (side == "tgt"))
+            rand = torch.randint(d.nspecial, len(d), ctx.shape, generator=g)
+            ctx = torch.where(words, rand, ctx)
+        return ctx
+
+    def context_sent_offsets(self, index: int, side: str = "src") -> torch.Tensor:
+        """Per context token the signed sentence offset from ``index``."""
+        ids = self.context_indices(index, side)
+        ctx_len = self.context_tokens(index, side).numel()
+        if not ids:
+            return torch.empty(0, dtype=torch.long)
+        anchor = int(self.donor[index]) if self.donor is not None else index
+        lens = []
+        for j in ids:
+            s = self._sentence(side, j)
+            lens.append(int(s.numel()) - (1 if s.numel() and int(s[-1]) == self.eos else 0) + 1)
+        offs = torch.repeat_interleave(torch.tensor([j - anchor for j in ids]), torch.tensor(lens))
+        if offs.numel() > ctx_len:  # truncated
+            p_lo, p_hi, n_lo, n_hi = self.windows[side]
+            offs = offs[-ctx_len:] if n_hi[index] == n_lo[index] else offs[:ctx_len]
+        return offs
+
+    # ------------------------------------------------------------ FairseqDataset
+    def __getitem__(self, index):
+        item = self.base[index]
+        if "src" in self.windows:
+            item["src_ctx"] = self.context_tokens(index, "src")
+            if self.document_context != "none":
+                item["src_ctx_offsets"] = self.context_sent_offsets(index, "src")
+        if "tgt" in self.windows:
+            item["tgt_ctx"] = self.context_tokens(index, "tgt")
+        return item
+
+    def __len__(self):
+        return len(self.base)
+
+    def collate_context(self, items: Sequence[torch.Tensor], side: str) -> Dict[str, torch.Tensor]:
+        d = self.src_dict if side == "src" else self.tgt_dict
+        left = self.left_pad_source if side == "src" else self.left_pad_target
+        toks = data_utils.collate_tokens(list(items), d.pad(), d.eos(), left_pad=left,
+                                         pad_to_length=1, pad_to_multiple=self.pad_to_multiple)
+        lengths = torch.tensor([t.numel() for t in items], dtype=torch.long)
+        return {f"{side}_ctx_tokens": toks, f"{side}_ctx_lengths": lengths}
+
+    def collater(self, samples, pad_to_length=None):
+        batch = self.base.collater(samples, pad_to_length=pad_to_length) if pad_to_length \
+            else self.base.collater(samples)
+        if not batch:
+            return batch
+        by_id = {int(s["id"]): s for s in samples}
+        ordered = [by_id[i] for i in batch["id"].tolist()]
+        ids = batch["id"].numpy()
+        batch["doc_index"] = torch.from_numpy(self.doc_index[ids])
+        batch["sent_pos"] = torch.from_numpy(self.sent_pos[ids])
+        ni = batch["net_input"]
+        for side in ("src", "tgt"):
+            if side in self.windows:
+                ni.update(self.collate_context([s[f"{side}_ctx"] for s in ordered], side))
+        if "src" in self.windows and self.document_context != "none":
+            offs = data_utils.collate_tokens([s["src_ctx_offsets"] for s in ordered], 0, 0,
+                                             left_pad=self.left_pad_source, pad_to_length=1,
+                                             pad_to_multiple=self.pad_to_multiple)
+            ni["src_ctx_sent_offsets"] = offs
+        return batch
+
+    def num_tokens(self, index):
+        return self.base.num_tokens(index)
+
+    def num_tokens_vec(self, indices):
+        return self.base.num_tokens_vec(indices)
+
+    def size(self, index):
+        return self.base.size(index)
+
+    @property
+    def sizes(self):
+        return self.base.sizes
+
+    @property
+    def supports_prefetch(self):
+        return getattr(self.base, "supports_prefetch", False)
+
+    def prefetch(self, indices):
+        return self.base.prefetch(indices)
+
+    def filter_indices_by_size(self, indices, max_sizes):
+        return self.base.filter_indices_by_size(indices, max_sizes)
+
+    @property
+    def can_reuse_epoch_itr_across_epochs(self):
+        return not self.document_batching
+
+    def set_epoch(self, epoch):
+        super().set_epoch(epoch)
+        if hasattr(self.base, "set_epoch"):
+            self.base.set_epoch(epoch)
+
+    def ordered_indices(self):
+        """Sentence-level: the base order (by length). Document batching:
+        documents in random order (when the base shuffles) or corpus order,
+        sentences in document order."""
+        if not self.document_batching:
+            return self.base.ordered_indices()
+        n_docs = len(self.doc_start)
+        order = np.random.permutation(n_docs) if self.base.shuffle else np.arange(n_docs)
+        lens = self.doc_len[order]
+        starts = np.repeat(self.doc_start[order], lens)
+        offsets = np.arange(lens.sum(), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        return (starts + offsets).astype(np.int64)
+
+    def batch_by_size(self, indices, max_tokens=None, max_sentences=None,
+                      required_batch_size_multiple=1):
+        if not self.document_batching:
+            return super().batch_by_size(indices, max_tokens=max_tokens,
+                                         max_sentences=max_sentences,
+                                         required_batch_size_multiple=required_batch_size_multiple)
+        return document_batches(indices, self.doc_index, self.num_tokens_vec(indices),
+                                max_tokens, max_sentences)
+
+
+def document_batches(indices: np.ndarray, doc_index: np.ndarray, num_tokens: np.ndarray,
+                     max_tokens: Optional[int] = None,
+                     max_sentences: Optional[int] = None) -> List[np.ndarray]:
+    """Pack runs of same-document ``indices`` (in the given order) into
+    batches of whole documents whose padded size ``n_sentences x longest``
+    stays within ``max_tokens`` and ``n_sentences`` within ``max_sentences``;
+    a document too large on its own is cut into consecutive chunks that fit
+    (a single sentence longer than ``max_tokens`` forms its own batch)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    if len(indices) == 0:
+        return []
+    max_tokens = math.inf if not max_tokens else max_tokens
+    max_sentences = math.inf if not max_sentences else max_sentences
+    ntok = np.asarray(num_tokens, dtype=np.int64)
+    doc = doc_index[indices]
+    bounds = np.concatenate([[0], np.flatnonzero(doc[1:] != doc[:-1]) + 1, [len(indices)]])
+    batches: List[np.ndarray] = []
+    cur_start, cur_n, cur_max = 0, 0, 0
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        n, run_max = b - a, int(ntok[a:b].max())
+        new_max = max(cur_max, run_max)
+        if cur_n and ((cur_n + n) * new_max > max_tokens or cur_n + n > max_sentences):
+            batches.append(indices[cur_start:a])
+            cur_start, cur_n, cur_max = a, 0, 0
+        if n * run_max <= max_tokens and n <= max_sentences:
+            cur_n, cur_max = cur_n + n, max(cur_max, run_max)
+            continue
+        # the document alone does not fit: consecutive chunks (current batch is empty)
+        j = a
+        while j < b:
+            running = np.maximum.accumulate(ntok[j:b])
+            count = np.arange(1, b - j + 1)
+            fits = (count * running <= max_tokens) & (count <= max_sentences)
+            take = max(1, int(np.argmin(fits)) if not fits.all() else b - j)
+            batches.append(indices[j:j + take])
+            j += take
+        cur_start, cur_n, cur_max = b, 0, 0
+    if cur_n:
+        batches.append(indices[cur_start:])
+    return batches
+
+
+def document_groups(batches: Sequence[np.ndarray], doc_index: np.ndarray) -> List[List[int]]:
+    """Group batch numbers so that batches sharing a document are together."""
+    parent = list(range(len(batches)))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    owner: Dict[int, int] = {}
+    for b, batch in enumerate(batches):
+        for d in np.unique(doc_index[np.asarray(batch, dtype=np.int64)]).tolist():
+            if d in owner:
+                ra, rb = find(owner[d]), find(b)
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+            else:
+                owner[d] = b
+    groups: Dict[int, List[int]] = {}
+    for b in range(len(batches)):
+        groups.setdefault(find(b), []).append(b)
+    return [groups[r] for r in sorted(groups)]
+
+
+def assign_shards(batches: Sequence[np.ndarray], doc_index: np.ndarray,
+                  num_shards: int) -> List[List[int]]:
+    """Batch numbers per shard: whole document groups, balanced greedily by
+    the number of batches (deterministic, the same on every worker)."""
+    shards: List[List[int]] = [[] for _ in range(num_shards)]
+    for group in document_groups(batches, doc_index):
+        target = min(range(num_shards), key=lambda s: (len(shards[s]), s))
+        shards[target].extend(group)
+    return shards
+
+
+class DocumentShardedEpochBatchIterator(iterators.EpochBatchIterator):
+    """``EpochBatchIterator`` whose shards hold whole documents.
+
+    fairseq deals the (shuffled) batches out round-robin, so the chunks of one
+    document could land on different workers. Here the batches are grouped by
+    document, the groups are assigned to shards once (balanced by batch
+    count), each shard shuffles its own batches per epoch, and shorter shards
+    are padded at the end with empty batches (as fairseq pads its shards), so
+    every worker runs the same number of steps.
+    """
+
+    def __init__(self, dataset, collate_fn, batch_sampler, doc_index, **kwargs):
+        super().__init__(dataset, collate_fn, batch_sampler, **kwargs)
+        if callable(batch_sampler):
+            raise ValueError("document sharding needs frozen batches (no --rebuild-batches)")
+        self._shards = assign_shards(self.frozen_batches, doc_index, self.num_shards)
+
+    def __len__(self):
+        return max(len(s) for s in self._shards)
+
+    def shard_batches(self, shard_id: Optional[int] = None) -> List:
+        sid = self.shard_id if shard_id is None else shard_id
+        return [self.frozen_batches[b] for b in self._shards[sid]]
+
+    def ordered_batches(self, epoch, fix_batches_to_gpus, shuffle):
+        batches = self.shard_batches()
+        if shuffle:
+            with data_utils.numpy_seed(self.seed + epoch + self.shard_id):
+                order = np.random.permutation(len(batches))
+            batches = [batches[i] for i in order]
+        batches = batches + [[]] * (len(self) - len(batches))
+        if self._supports_prefetch:
+            self.dataset.prefetch([i for s in batches for i in s])
+        return batches

@@ -1,0 +1,340 @@
+"""``transformer_context_aware``: the context-aware Transformer of Voita,
+Serdyukov, Sennrich & Titov (ACL 2018), "Context-Aware Neural Machine
+Translation Learns Anaphora Resolution".
+
+Encoder (:class:`ContextAwareTransformerEncoder`): the context sentence(s)
+(``src_ctx_tokens``, from the ``document_translation`` task) and the source
+sentence are encoded by two encoders that share their embeddings and their
+first ``N-1`` layers. The context encoder's last layer is its own (a plain
+encoder layer, not shared). The source encoder's last layer
+(:class:`ctx_fairseq.modules.context_gate.ContextAwareEncoderLayer`) attends
+both to itself and to the context encoder's output and combines the two by a
+vector gate ``g = sigmoid(W_g [c_s; c_c] + b_g)``, ``c = g c_s + (1 - g) c_c``,
+before its FFN. The decoder is fairseq's. A sentence with no context (first
+in its document) gets ``c_c = 0``.
+
+Two-stage training (as in the paper): train a sentence-level ``transformer``
+first, then train this model with ``--init-from-sentence-checkpoint PATH``:
+every parameter whose name and shape match is copied from the sentence-level
+checkpoint (embeddings, the shared layers, the source encoder's last layer
+except its context attention and gate, the decoder); the context attention,
+the gate and the context encoder's own last layer start fresh. What was
+loaded and what was not is logged. (Resuming from this model's own
+checkpoint_last.pt overrides the initialisation, as usual.)
+
+Architectures: ``transformer_context_aware`` (Transformer base: 6 layers,
+512, 8 heads, FFN 2048, as in the paper), ``transformer_context_aware_small``
+(6 layers, 512, 4 heads, FFN 1024; fairseq's IWSLT shape) and
+``transformer_context_aware_tiny`` (2 layers, 64, 4 heads, FFN 128; for toy
+data and tests). Command-line options override the presets.
+"""
+
+import argparse
+import logging
+from typing import Dict, List, Optional
+
+import torch
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.models.transformer.transformer_legacy import base_architecture
+from fairseq.modules import LayerNorm
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from torch import Tensor
+
+from ctx_fairseq.modules.context_gate import ContextAwareEncoderLayer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TransformerContextAwareModel", "ContextAwareTransformerEncoder"]
+
+
+def _wrap_layer(layer, cfg):
+    """Activation checkpointing / FSDP wrapping as fairseq's builders do."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
+    return fsdp_wrap(layer, min_num_params=min_params)
+
+
+def _to_namespace(args):
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:  # pragma: no cover
+        return args
+    if OmegaConf.is_config(args):
+        return argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
+    return args
+
+
+class ContextAwareTransformerEncoder(TransformerEncoderBase):
+    """Source and context encoders sharing embeddings and layers ``1..N-1``.
+
+    ``self.layers[:-1]`` are the shared layers (fairseq's), ``self.layers[-1]``
+    the source encoder's context-aware last layer, ``self.context_layer`` the
+    context encoder's own last layer (and ``self.context_layer_norm`` its
+    final LayerNorm with ``--encoder-normalize-before``)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc: bool = False):
+        if cfg.encoder.layerdrop > 0:
+            raise ValueError("transformer_context_aware: --encoder-layerdrop is not supported "
+                             "(the shared layers must be the same for source and context)")
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.context_layer = TransformerEncoderBase.build_encoder_layer(self, cfg)
+        self.context_layer_norm = (LayerNorm(cfg.encoder.embed_dim, export=cfg.export)
+                                   if cfg.encoder.normalize_before else None)
+
+    def build_encoder_layer(self, cfg):
+        idx = self._layers_built
+        self._layers_built += 1
+        if idx < cfg.encoder.layers - 1:
+            return super().build_encoder_layer(cfg)
+        return _wrap_layer(ContextAwareEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+    @property
+    def context_aware_layer(self) -> ContextAwareEncoderLayer:
+        layer = self.layers[-1]
+        return getattr(layer, "_fsdp_wrapped_module", layer)
+
+    def _embed(self, tokens: Tensor, mask: Tensor, token_embeddings=None):
+        x, emb = self.forward_embedding(tokens, token_embeddings)
+        x = x * (1 - mask.unsqueeze(-1).type_as(x))
+        return x.transpose(0, 1), emb
+
+    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
+                return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
+                src_ctx_tokens: Optional[Tensor] = None, src_ctx_lengths: Optional[Tensor] = None,
+                **unused):
+        """As fairseq's encoder, plus ``src_ctx_tokens`` (``B x Tc``, the
+        context, padded like the source; None or all padding: no context).
+        Returns fairseq's encoder-out dict plus ``context_out``
+        (``Tc x B x C``) and ``context_padding_mask`` (``B x Tc``)."""
+        pad = self.padding_idx
+        bsz = src_tokens.size(0)
+        if src_ctx_tokens is None:
+            src_ctx_tokens = src_tokens.new_full((bsz, 1), pad)
+        src_mask = src_tokens.eq(pad)
+        ctx_mask = src_ctx_tokens.eq(pad)
+        # Rows without context: attend to one (padding) key, then drop c_c, so
+        # that no softmax sees only masked keys (NaN) and gradients stay finite.
+        ctx_empty = ctx_mask.all(dim=1)
+        ctx_attn_mask = torch.cat([ctx_mask[:, :1] & ~ctx_empty.unsqueeze(1), ctx_mask[:, 1:]], 1)
+        context_keep = (~ctx_empty).to(self.embed_tokens.weight.dtype).view(1, bsz, 1)
+
+        x, encoder_embedding = self._embed(src_tokens, src_mask, token_embeddings)
+        c, _ = self._embed(src_ctx_tokens, ctx_mask)
+        encoder_states = [x] if return_all_hiddens else []
+        for layer in self.layers[:-1]:
+            x = layer(x, encoder_padding_mask=src_mask)
+            c = layer(c, encoder_padding_mask=ctx_attn_mask)
+            if return_all_hiddens:
+                encoder_states.append(x)
+        c = self.context_layer(c, encoder_padding_mask=ctx_attn_mask)
+        if self.context_layer_norm is not None:
+            c = self.context_layer_norm(c)
+        x = self.layers[-1](x, encoder_padding_mask=src_mask, context=c,
+                            context_padding_mask=ctx_attn_mask, context_keep=context_keep)
+        if isinstance(x, tuple):
+            x = x[0]
+        if return_all_hiddens:
+            encoder_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        lengths = src_tokens.ne(pad).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {
+            "encoder_out": [x],  # T x B x C
+            "encoder_padding_mask": [src_mask],  # B x T
+            "encoder_embedding": [encoder_embedding],  # B x T x C
+            "encoder_states": encoder_states,
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [lengths],
+            "context_out": [c],  # Tc x B x C
+            "context_padding_mask": [ctx_mask],  # B x Tc
+        }
+
+    @torch.jit.export
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        out = super().reorder_encoder_out(encoder_out, new_order)
+        for key, dim in (("context_out", 1), ("context_padding_mask", 0)):
+            vals = encoder_out.get(key, [])
+            out[key] = [vals[0].index_select(dim, new_order)] if len(vals) else []
+        return out
+
+
+@register_model("transformer_context_aware")
+class TransformerContextAwareModel(TransformerModel):
+    """Context-aware Transformer (Voita et al., 2018); see the module docstring.
+
+    Use with ``--task document_translation`` (source context, e.g.
+    ``--source-context-size 1``)."""
+
+    uses_target_context = False
+
+    # ctx-demo hooks (see ctx_fairseq.cli.demo)
+    demo_train_args = ["--task", "document_translation", "--source-context-size", "1"]
+    demo_generate_args = ["--task", "document_translation", "--source-context-size", "1"]
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument(
+            "--init-from-sentence-checkpoint", type=str, metavar="PATH",
+            help="two-stage training: initialise every parameter whose name and shape match "
+                 "from this sentence-level transformer checkpoint (context attention, gate "
+                 "and the context encoder's last layer start fresh); ignored when loading "
+                 "this model's own checkpoints")
+
+    @classmethod
+    def build_model(cls, args, task):
+        args = _to_namespace(args)
+        context_aware_base_architecture(args)
+        if int(args.encoder_layers) < 1:
+            raise ValueError("transformer_context_aware needs --encoder-layers >= 1")
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return ContextAwareTransformerEncoder(TransformerConfig.from_namespace(args), src_dict,
+                                              embed_tokens)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens,
+                src_ctx_tokens: Optional[Tensor] = None,
+                src_ctx_lengths: Optional[Tensor] = None, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer: Optional[int] = None,
+                alignment_heads: Optional[int] = None, **unused):
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths,
+                                   return_all_hiddens=return_all_hiddens,
+                                   src_ctx_tokens=src_ctx_tokens, src_ctx_lengths=src_ctx_lengths)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out,
+                            features_only=features_only, alignment_layer=alignment_layer,
+                            alignment_heads=alignment_heads, src_lengths=src_lengths,
+                            return_all_hiddens=return_all_hiddens)
+
+    # --------------------------------------------------------- two-stage init
+    def load_sentence_checkpoint(self, path: str) -> Dict[str, List[str]]:
+        """Copy every parameter/buffer whose name and shape match from a
+        sentence-level fairseq checkpoint; returns (and logs) the names
+        ``loaded``, ``fresh`` (not in the checkpoint) and ``unused`` (in the
+        checkpoint only). A name present in both with another shape is an
+        error (a different vocabulary or model size)."""
+        import os
+
+        from fairseq import checkpoint_utils
+
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--init-from-sentence-checkpoint {path}: no such file")
+        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+        theirs = state.get("model")
+        if not isinstance(theirs, dict):
+            raise ValueError(f"--init-from-sentence-checkpoint {path}: not a fairseq checkpoint "
+                             "(no 'model' state)")
+        own = self.state_dict()
+        loaded, fresh = [], []
+        for name, value in own.items():
+            if name not in theirs:
+                fresh.append(name)
+            elif tuple(theirs[name].shape) != tuple(value.shape):
+                raise ValueError(
+                    f"--init-from-sentence-checkpoint {path}: {name} has shape "
+                    f"{tuple(theirs[name].shape)} there but {tuple(value.shape)} here; expected "
+                    "the same vocabulary (data-bin) and model dimensions")
+            else:
+                loaded.append(name)
+        if not any(n.startswith("encoder.layers.") for n in loaded):
+            raise ValueError(f"--init-from-sentence-checkpoint {path}: no encoder layer matches; "
+                             "expected a sentence-level transformer checkpoint")
+        unused = sorted(n for n in theirs if n not in own)
+        with torch.no_grad():
+            for name in loaded:
+                own[name].copy_(theirs[name].to(own[name].dtype))
+        n_loaded = sum(own[n].numel() for n in loaded)
+        n_fresh = sum(own[n].numel() for n in fresh)
+        logger.info(f"init from sentence-level checkpoint {path}: loaded {len(loaded)} tensors "
+                    f"({n_loaded:,} values); fresh {len(fresh)} tensors ({n_fresh:,} values): "
+                    f"{', '.join(fresh) or '-'}; unused from the checkpoint: "
+                    f"{', '.join(unused) or '-'}")
+        return {"loaded": loaded, "fresh": fresh, "unused": unused}
+
+    # ----------------------------------------------------------- demo / bench
+    @staticmethod
+    def demo_contrastive(ckpt: str, data_dir: str, jsonl: str, ablation: str = "none",
+                         split: str = "test") -> Dict:
+        """Contrastive accuracy (``ctx_fairseq.eval.contrastive.evaluate``'s
+        structure) with each record's true previous sentence(s) of its test
+        document as context (``ablation='shuffled'``: another document's)."""
+        from ctx_fairseq.eval.context_aware_analysis import contrastive_with_context
+
+        return contrastive_with_context(ckpt, data_dir, jsonl, ablation=ablation, split=split)
+
+    @staticmethod
+    def bench_sample(task, args, batch_size: int, src_len: int, tgt_len: int, doc_len: int,
+                     device) -> Dict:
+        """A training batch with ``doc_len`` context sentences of ``src_len``
+        tokens (each ended by ``</s>``) per sentence."""
+        d = task.target_dictionary
+        g = torch.Generator().manual_seed(1)
+
+        def sents(n, length):
+            t = torch.randint(d.nspecial, len(d), (batch_size, n, length), generator=g)
+            t[:, :, -1] = d.eos()
+            return t.view(batch_size, n * length)
+
+        src, tgt = sents(1, src_len), sents(1, tgt_len)
+        ctx = sents(doc_len, src_len)
+        prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)
+        return {
+            "id": torch.arange(batch_size), "nsentences": batch_size,
+            "ntokens": batch_size * tgt_len,
+            "net_input": {
+                "src_tokens": src.to(device),
+                "src_lengths": torch.full((batch_size,), src_len, device=device),
+                "prev_output_tokens": prev.to(device),
+                "src_ctx_tokens": ctx.to(device),
+                "src_ctx_lengths": torch.full((batch_size,), ctx.size(1), device=device),
+            },
+            "target": tgt.to(device),
+        }
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def _default(args, name, value):
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
+def context_aware_base_architecture(args):
+    _default(args, "init_from_sentence_checkpoint", None)
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_context_aware", "transformer_context_aware")
+def transformer_context_aware(args):
+    context_aware_base_architecture(args)
+
+
+@register_model_architecture("transformer_context_aware", "transformer_context_aware_small")
+def transformer_context_aware_small(args):
+    for side in ("encoder", "decoder"):
+        _default(args, f"{side}_embed_dim", 512)
+        _default(args, f"{side}_ffn_embed_dim", 1024)
+        _default(args, f"{side}_attention_heads", 4)
+        _default(args, f"{side}_layers", 6)
+    context_aware_base_architecture(args)
+
+
+@register_model_architecture("transformer_context_aware", "transformer_context_aware_tiny")
+def transformer_context_aware_tiny(args):
+    for side in ("encoder", "decoder"):
+        _default(args, f"{side}_embed_dim", 64)
+        _default(args, f"{side}_ffn_embed_dim", 128)
+        _default(args, f"{side}_attention_heads", 4)
+        _default(args, f"{side}_layers", 2)
+    context_aware_base_architecture(args)
