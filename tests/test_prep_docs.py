@@ -29,6 +29,11 @@ def read_lines(path):
     return text[:-1].split("\n")
 
 
+def read_text(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 def write(path, text):
     with open(path, "w", encoding="utf-8", newline="") as f:
         f.write(text)
@@ -65,7 +70,7 @@ def assert_error(argv, capsys, out_dir, path, line, *fragments):
 def raw_xml_counts(path):
     """Document ids, and (docid, segid, text) for every segment, found with
     regular expressions over the raw file (independently of the XML parser)."""
-    raw = open(path, encoding="utf-8").read()
+    raw = read_text(path)
     docids = re.findall(r'<doc\s[^>]*docid="([^"]*)"', raw)
     chunks = re.split(r"<doc\s", raw)[1:]
     assert len(chunks) == len(docids)
@@ -108,7 +113,7 @@ def test_iwslt17_counts_and_text(name, tmp_path, capsys):
 
 @needs_iwslt
 def test_iwslt17_entities_unescaped(tmp_path):
-    raw = open(iwslt("tst2010", "en"), encoding="utf-8").read()
+    raw = read_text(iwslt("tst2010", "en"))
     m = re.search(r'<seg id="(\d+)">([^<]*&amp;[^<]*)</seg>', raw)
     assert m, "tst2010.en has segments with &amp;"
     prefix = str(tmp_path / "t")
@@ -122,7 +127,7 @@ def test_iwslt17_entities_unescaped(tmp_path):
 
 @needs_iwslt
 def test_iwslt17_corrupted_seg_id_rejected(tmp_path, capsys):
-    raw = open(iwslt("tst2010", "de"), encoding="utf-8").read()
+    raw = read_text(iwslt("tst2010", "de"))
     pos = raw.index('<seg id="5">')
     docid = re.findall(r'<doc\s[^>]*docid="([^"]*)"', raw[:pos])[-1]
     line = raw[:pos].count("\n") + 1
@@ -138,7 +143,7 @@ def test_iwslt17_corrupted_seg_id_rejected(tmp_path, capsys):
 @needs_iwslt
 def test_iwslt17_renumbered_seg_id_rejected(tmp_path, capsys):
     """A segment id changed to one not used in its document: a pure alignment error."""
-    raw = open(iwslt("dev2010", "de"), encoding="utf-8").read()
+    raw = read_text(iwslt("dev2010", "de"))
     pos = raw.index('<seg id="5">')
     docid = re.findall(r'<doc\s[^>]*docid="([^"]*)"', raw[:pos])[-1]
     line = raw[:pos].count("\n") + 1
@@ -306,6 +311,9 @@ def test_blank_lines(tmp_path, capsys):
     code, _, err = run_cli(blank_args(src, tgt, prefix, "--doc-prefix", "ted."), capsys)
     assert code == 0, err
     assert read_lines(prefix + ".docids")[2] == "ted.00001"
+    code, _, err = run_cli(blank_args(src, tgt, str(tmp_path / "o2" / "x"), "--doc-prefix", "a b"), capsys)
+    assert code == 2 and "--doc-prefix: 'a b' contains whitespace" in err
+    assert out_files(tmp_path / "o2") == []
 
 
 def test_blank_lines_errors(tmp_path, capsys):
@@ -389,7 +397,7 @@ def test_docids_errors(tmp_path, capsys):
         ("tgt", "A1\n \nB1\n", "tgt", 2, ["empty line in document a", "--allow-empty"]),
         ("src", "a1\na2\n\n", "src", 3, ["empty line in document b"]),
     ]
-    originals = {"src": open(src).read(), "tgt": open(tgt).read(), "ids": open(ids).read()}
+    originals = {"src": read_text(src), "tgt": read_text(tgt), "ids": read_text(ids)}
     paths = {"src": src, "tgt": tgt, "ids": ids}
     for which, text, where, line, frags in cases:
         write(paths[which], text)
@@ -419,11 +427,11 @@ def test_error_leaves_existing_outputs_alone(tmp_path, capsys):
     tgt = write(tmp_path / "t.txt", "A\n")
     prefix = str(tmp_path / "out" / "p")
     assert run_cli(blank_args(src, tgt, prefix), capsys)[0] == 0
-    before = {f: open(tmp_path / "out" / f).read() for f in out_files(tmp_path / "out")}
+    before = {f: read_text(tmp_path / "out" / f) for f in out_files(tmp_path / "out")}
     bad = write(tmp_path / "bad.txt", "A\nB\n")
     code, _, err = run_cli(blank_args(src, bad, prefix), capsys)
     assert code == 2 and "expected 2 lines" in err
-    assert {f: open(tmp_path / "out" / f).read() for f in out_files(tmp_path / "out")} == before
+    assert {f: read_text(tmp_path / "out" / f) for f in out_files(tmp_path / "out")} == before
 
 
 def test_write_failure_leaves_nothing(tmp_path, monkeypatch):
@@ -455,7 +463,7 @@ def test_bad_output_arguments(tmp_path, capsys):
     code, _, err = run_cli(base + ["--src-lang", "txt", "--tgt-lang", "de", "--out-prefix",
                                    str(tmp_path / "s")], capsys)
     assert code == 2 and "overwrite an input file" in err
-    assert open(src).read() == "a\n"
+    assert read_text(src) == "a\n"
     code, _, err = run_cli(base + ["--src-lang", "en", "--tgt-lang", "docids", "--out-prefix",
                                    str(tmp_path / "p")], capsys)
     assert code == 2 and "collide" in err

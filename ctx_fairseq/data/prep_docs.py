@@ -341,7 +341,9 @@ def load_blank_lines(src: str, tgt: str, doc_prefix: str = "doc") -> Tuple[List[
     before the first and after the last document are ignored; two blank lines
     in a row would make an empty document and are an error. Documents get the
     ids ``{doc_prefix}00000``, ``{doc_prefix}00001``, ..."""
-    _check_docid(doc_prefix + "0", "--doc-prefix", None, "document id prefix")
+    if _WHITESPACE.search(doc_prefix):
+        raise PrepDocsError("--doc-prefix", None, f"{doc_prefix!r} contains whitespace; "
+                                                  "expected one token, e.g. ted.")
     src_lines, tgt_lines = _read_lines(src), _read_lines(tgt)
     _check_counts([(src, src_lines), (tgt, tgt_lines)])
     docs: List[ParallelDoc] = []
@@ -421,8 +423,8 @@ def write_documents(docs: Sequence[ParallelDoc], out_prefix: str, src_lang: str,
     umask = os.umask(0)
     os.umask(umask)
     temps: List[str] = []
+    handles: list = []
     try:
-        handles = []
         for path in paths:
             fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
             temps.append(tmp)
@@ -438,6 +440,8 @@ def write_documents(docs: Sequence[ParallelDoc], out_prefix: str, src_lang: str,
             os.replace(tmp, path)
         temps = []
     finally:
+        for h in handles:
+            h.close()  # no-op when already closed
         for tmp in temps:
             try:
                 os.unlink(tmp)
