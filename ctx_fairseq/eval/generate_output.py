@@ -17,6 +17,7 @@ class GenerateOutput:
 def read_generate_output(path: str) -> GenerateOutput:
     """Parse a fairseq-generate log; sentences come back in id (corpus) order.
 
+    With ``--nbest N`` the first (best) hypothesis of each sentence is kept.
     Every id with an ``H-`` line must also have ``S-`` and ``T-`` lines; a file
     with no hypotheses at all is an error (the generate run probably failed).
     """
@@ -40,7 +41,7 @@ def read_generate_output(path: str) -> GenerateOutput:
                 parts = rest.split("\t", 1)
                 if len(parts) != 2:
                     raise ValueError(f"{path}:{lineno}: expected 'H-<id>\\t<score>\\t<text>'")
-                hyp[idx] = parts[1]
+                hyp.setdefault(idx, parts[1])  # with --nbest > 1 the best comes first
     if not hyp:
         raise ValueError(f"{path}: no hypotheses (H- lines) found; is it fairseq-generate output?")
     missing = [i for i in hyp if i not in ref or i not in src]
