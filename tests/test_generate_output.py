@@ -22,7 +22,10 @@ def test_sorted_by_id_and_best_of_nbest(tmp_path):
     g = read_generate_output(str(p))
     assert g.ids == [0, 1] and g.sources == ["a", "b c"]
     assert g.hypotheses == ["w", "x y"] and g.references == ["w", "x y"]
-    assert corpus_bleu(g.hypotheses, g.references) == pytest.approx(100.0)
+    assert corpus_bleu(g.hypotheses, g.references) == 0.0  # no 4-grams in 1-2 token lines
+    long = ["the cat sat on the mat today", "a dog ran in the park again"]
+    assert corpus_bleu(long, long) == pytest.approx(100.0)
+    assert 0.0 < corpus_bleu([long[0], "a dog ran in a park again"], long) < 100.0
 
 
 def test_errors_name_the_file(tmp_path):
