@@ -47,6 +47,7 @@ setup(
             "ctx-demo = ctx_fairseq.cli.demo:cli_main",
             "ctx-bench = ctx_fairseq.cli.bench:cli_main",
             "ctx-score-contrastive = ctx_fairseq.eval.contrastive:cli_main",
+            "ctx-prep-docs = ctx_fairseq.data.prep_docs:cli_main",
             "ctx-dc-jsd = ctx_fairseq.eval.dc_jsd:cli_main",
             "ctx-bleu-by-length = ctx_fairseq.eval.bleu_by_length:cli_main",
             "ctx-dc-params = ctx_fairseq.models.transformer_dc:params_cli_main",
