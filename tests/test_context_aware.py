@@ -1,0 +1,360 @@
+"""transformer_context_aware (Voita et al. 2018): gate equation, shared
+layers, padding invariance, empty context (finite outputs and gradients),
+beam reorder, two-stage initialisation, CLIs, contrastive hook, bench hook,
+analyses."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import ctx_fairseq  # noqa: F401
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+from ctx_fairseq.models.transformer_context_aware import (
+    ContextAwareTransformerEncoder,
+    TransformerContextAwareModel,
+)
+from ctx_fairseq.models.transformer_dc import _dummy_dictionary
+from ctx_fairseq.modules.context_gate import ContextAwareEncoderLayer, ContextGate
+from fairseq_cli_utils import TINY_MODEL_ARGS, hypotheses, train, train_and_generate
+
+VOCAB = 40
+DOC_ARGS = ["--task", "document_translation", "--source-context-size", "1"]
+
+
+class _Task:
+    def __init__(self, d):
+        self.source_dictionary = d
+        self.target_dictionary = d
+
+
+def build(extra=(), arch="transformer_context_aware", double=True):
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["/dev/null", "--arch", arch, "--task", "translation", "--dropout", "0",
+         *TINY_MODEL_ARGS, *extra])
+    d = _dummy_dictionary(VOCAB)
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, _Task(d))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    if double:
+        model = model.double()
+    return model.eval(), d
+
+
+def tokens(d, lengths, seed, left_pad=True):
+    """Left-padded batch of random sentences ending with </s>."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(max(lengths), 1)
+    out = torch.full((len(lengths), width), d.pad(), dtype=torch.long)
+    for r, n in enumerate(lengths):
+        if n:
+            s = torch.randint(d.nspecial, len(d), (n,), generator=g)
+            s[-1] = d.eos()
+            if left_pad:
+                out[r, width - n:] = s
+            else:
+                out[r, :n] = s
+    return out
+
+
+def row(t, r, pad):
+    x = t[r]
+    return x[x.ne(pad)].unsqueeze(0) if x.ne(pad).any() else x[:1].clone().fill_(pad).unsqueeze(0)
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def test_gate_equation_by_hand():
+    torch.manual_seed(0)
+    gate = ContextGate(6).double()
+    with torch.no_grad():
+        gate.proj.bias.normal_()
+    cs, cc = torch.randn(3, 2, 6).double(), torch.randn(3, 2, 6).double()
+    out, g = gate(cs, cc)
+    want_g = torch.sigmoid(torch.cat([cs, cc], -1) @ gate.proj.weight.T + gate.proj.bias)
+    assert torch.allclose(g, want_g)
+    assert torch.allclose(out, want_g * cs + (1 - want_g) * cc)
+    assert g.shape == cs.shape  # a vector gate, per position and dimension
+
+
+def test_structure_shared_layers_and_own_context_layer():
+    model, _ = build()
+    enc = model.encoder
+    assert isinstance(enc, ContextAwareTransformerEncoder)
+    assert len(enc.layers) == 2 and isinstance(enc.layers[-1], ContextAwareEncoderLayer)
+    assert not isinstance(enc.layers[0], ContextAwareEncoderLayer)
+    assert not isinstance(enc.context_layer, ContextAwareEncoderLayer)
+    assert enc.context_layer is not enc.layers[-1]
+    names = dict(model.named_parameters())
+    assert "encoder.layers.1.gate.proj.weight" in names
+    assert "encoder.layers.1.context_attn.k_proj.weight" in names
+    assert "encoder.context_layer.self_attn.k_proj.weight" in names
+    # the sentence-level layer names of the last layer are fairseq's
+    assert "encoder.layers.1.self_attn.q_proj.weight" in names
+    assert "encoder.layers.1.fc1.weight" in names
+
+
+def test_context_encoder_uses_the_shared_layers():
+    """Perturbing shared layer 1 changes the context encoder's output;
+    perturbing the source's last layer does not."""
+    model, d = build()
+    src, ctx = tokens(d, [5], 1), tokens(d, [6], 2)
+    out1 = model.encoder(src, src_ctx_tokens=ctx)["context_out"][0].clone()
+    w = model.encoder.layers[0].fc2.weight
+    saved = w.detach().clone()
+    with torch.no_grad():
+        w.add_(0.3 * torch.randn_like(w))
+    out2 = model.encoder(src, src_ctx_tokens=ctx)["context_out"][0]
+    assert not torch.allclose(out1, out2)
+    last = model.encoder.layers[-1].fc2.weight
+    with torch.no_grad():
+        w.copy_(saved)
+        last.add_(0.3 * torch.randn_like(last))  # source's last layer: not on the context path
+    out3 = model.encoder(src, src_ctx_tokens=ctx)["context_out"][0]
+    assert torch.allclose(out1, out3)
+
+
+def test_context_changes_the_source_encoding():
+    model, d = build()
+    src = tokens(d, [5, 5], 1)
+    src[1] = src[0]
+    ctx = tokens(d, [6, 6], 3)
+    out = model.encoder(src, src_ctx_tokens=ctx)["encoder_out"][0]
+    assert not torch.allclose(out[:, 0], out[:, 1])
+
+
+# --------------------------------------------------------------------------- padding / empty context
+
+
+def test_padding_invariance_of_the_encoder():
+    """Each (sentence, context) encodes the same alone and in a padded batch
+    (left-padded source and context, one row without context)."""
+    model, d = build()
+    pad = d.pad()
+    src = tokens(d, [3, 7, 5, 4], 11)
+    ctx = tokens(d, [9, 0, 4, 12], 12)
+    batch = model.encoder(src, src_ctx_tokens=ctx)
+    for r in range(src.size(0)):
+        s = row(src, r, pad)
+        alone = model.encoder(s, src_ctx_tokens=row(ctx, r, pad))
+        n = s.size(1)
+        got = batch["encoder_out"][0][-n:, r]
+        assert torch.allclose(got, alone["encoder_out"][0][:, 0], atol=1e-10), r
+    # and the decoder on top of it
+    prev = tokens(d, [4, 6, 3, 5], 13, left_pad=False)
+    full, _ = model(src, None, prev, src_ctx_tokens=ctx)
+    for r in range(src.size(0)):
+        n = int(prev[r].ne(pad).sum())
+        alone, _ = model(row(src, r, pad), None, prev[r:r + 1, :n],
+                         src_ctx_tokens=row(ctx, r, pad))
+        assert torch.allclose(full[r, :n], alone[0], atol=1e-9)
+
+
+def test_empty_context_gives_finite_outputs_and_gradients():
+    model, d = build(double=False)
+    model.train()
+    src = tokens(d, [5, 6, 4], 21)
+    ctx = tokens(d, [0, 7, 0], 22)  # two sentences without context
+    prev = tokens(d, [4, 5, 6], 23, left_pad=False)
+    out, _ = model(src, None, prev, src_ctx_tokens=ctx)
+    assert torch.isfinite(out).all()
+    out.float().logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all(), name
+    # a batch where no sentence has context, and no context given at all
+    model.zero_grad()
+    empty = torch.full((3, 1), d.pad(), dtype=torch.long)
+    out2, _ = model(src, None, prev, src_ctx_tokens=empty)
+    out2.sum().backward()
+    assert torch.isfinite(out2).all()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    ctx_params = [p for n, p in model.named_parameters()
+                  if "context_attn" in n or "context_layer" in n]
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in ctx_params)
+
+
+def test_empty_context_means_zero_context_attention():
+    """With no context, c_c = 0: the output does not depend on the padding
+    width of the (empty) context and equals the model run without context."""
+    model, d = build()
+    src = tokens(d, [6], 31)
+    a = model.encoder(src, src_ctx_tokens=torch.full((1, 1), d.pad()))["encoder_out"][0]
+    b = model.encoder(src, src_ctx_tokens=torch.full((1, 9), d.pad()))["encoder_out"][0]
+    c = model.encoder(src)["encoder_out"][0]
+    assert torch.allclose(a, b) and torch.allclose(a, c)
+    layer = model.encoder.layers[-1]
+    layer.record = True
+    model.encoder(src, src_ctx_tokens=torch.full((1, 3), d.pad()))
+    g = layer.last_gate
+    layer.record = False
+    assert g is not None and g.shape == (6, 1, 32)
+
+
+def test_reorder_encoder_out_handles_context_tensors():
+    model, d = build()
+    src, ctx = tokens(d, [4, 6, 5], 41), tokens(d, [3, 0, 8], 42)
+    enc = model.encoder(src, src_ctx_tokens=ctx)
+    order = torch.tensor([2, 2, 0, 1])
+    re = model.encoder.reorder_encoder_out(enc, order)
+    assert torch.equal(re["context_out"][0], enc["context_out"][0].index_select(1, order))
+    assert torch.equal(re["context_padding_mask"][0], enc["context_padding_mask"][0][order])
+    assert torch.equal(re["encoder_out"][0], enc["encoder_out"][0].index_select(1, order))
+
+
+def test_presets():
+    for arch, dim, layers in (("transformer_context_aware", 512, 6),
+                              ("transformer_context_aware_small", 512, 6),
+                              ("transformer_context_aware_tiny", 64, 2)):
+        args = options.parse_args_and_arch(options.get_training_parser(),
+                                           ["/dev/null", "--arch", arch])
+        assert args.encoder_embed_dim == dim and args.encoder_layers == layers
+    args = options.parse_args_and_arch(options.get_training_parser(),
+                                       ["/dev/null", "--arch", "transformer_context_aware_small"])
+    assert args.encoder_attention_heads == 4 and args.encoder_ffn_embed_dim == 1024
+
+
+def test_bench_sample_trains():
+    from fairseq.criterions.label_smoothed_cross_entropy import (
+        LabelSmoothedCrossEntropyCriterion,
+    )
+
+    model, d = build(double=False)
+    task = _Task(d)
+    task.target_dictionary = d
+    sample = TransformerContextAwareModel.bench_sample(task, None, 3, 6, 5, 2, "cpu")
+    assert sample["net_input"]["src_ctx_tokens"].shape == (3, 12)
+    crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    loss, _, _ = crit(model.train(), sample)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert model.encoder.layers[-1].gate.proj.weight.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------- CLIs
+
+
+@pytest.fixture(scope="module")
+def sentence_ckpt(toy_bin, tmp_path_factory):
+    save = str(tmp_path_factory.mktemp("sent"))
+    train([toy_bin, "--arch", "transformer", *TINY_MODEL_ARGS, "--share-all-embeddings",
+           "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "2",
+           "--save-dir", save, "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1",
+           "--num-workers", "0", "--disable-validation"])
+    return os.path.join(save, "checkpoint_last.pt")
+
+
+@pytest.fixture(scope="module")
+def context_ckpt(toy_bin, sentence_ckpt, tmp_path_factory):
+    """Two-stage: initialised from the sentence checkpoint, trained 3 updates,
+    then beam-searched through fairseq-generate."""
+    save = str(tmp_path_factory.mktemp("ctx"))
+    out = train_and_generate(
+        toy_bin, save, "transformer_context_aware",
+        extra=[*DOC_ARGS, "--share-all-embeddings", "--init-from-sentence-checkpoint",
+               sentence_ckpt],
+        gen_extra=DOC_ARGS)
+    return os.path.join(save, "checkpoint_last.pt"), out
+
+
+def test_cli_train_and_generate(context_ckpt, toy_bin):
+    _, out = context_ckpt
+    hyps = hypotheses(out)
+    n = sum(1 for _ in open(os.path.join(toy_bin, "test.docids")))
+    assert len(hyps) == n
+
+
+def test_init_from_sentence_checkpoint(toy_bin, sentence_ckpt):
+    from fairseq import checkpoint_utils
+
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [toy_bin, "--arch", "transformer_context_aware", *DOC_ARGS, *TINY_MODEL_ARGS,
+         "--share-all-embeddings", "--init-from-sentence-checkpoint", sentence_ckpt])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    own = model.state_dict()
+    shared = [k for k in own if k in theirs]
+    assert "encoder.layers.0.self_attn.k_proj.weight" in shared
+    assert "encoder.layers.1.fc1.weight" in shared and "decoder.layers.1.fc2.bias" in shared
+    for k in shared:
+        assert torch.equal(own[k], theirs[k].to(own[k].dtype)), k
+    fresh = [k for k in own if k not in theirs]
+    assert any(k.startswith("encoder.layers.1.gate.") for k in fresh)
+    assert any(k.startswith("encoder.context_layer.") for k in fresh)
+    assert all(("gate" in k or "context" in k) for k in fresh), fresh
+    # fresh parameters are really fresh, not copies
+    assert not torch.equal(own["encoder.context_layer.fc1.weight"],
+                           theirs["encoder.layers.1.fc1.weight"])
+    # loading from this model's own checkpoint does not re-initialise
+    model2 = task.build_model(cfg.model, from_checkpoint=True)
+    assert not torch.equal(model2.state_dict()["encoder.layers.0.fc1.weight"],
+                           theirs["encoder.layers.0.fc1.weight"])
+
+
+def test_init_from_sentence_checkpoint_errors(toy_bin, sentence_ckpt, tmp_path):
+    model, _ = build(double=False)  # vocabulary of 40: embeddings do not match
+    with pytest.raises(ValueError, match="encoder.embed_tokens.weight has shape"):
+        model.load_sentence_checkpoint(sentence_ckpt)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        model.load_sentence_checkpoint(str(tmp_path / "missing.pt"))
+
+
+def test_demo_contrastive_and_shuffled(context_ckpt, toy_bin, toy_corpus):
+    from ctx_fairseq.eval.contrastive import evaluate, load_model, read_contrastive
+
+    ckpt, _ = context_ckpt
+    jsonl = os.path.join(toy_corpus, "test.contrastive.jsonl")
+    res = TransformerContextAwareModel.demo_contrastive(ckpt, toy_bin, jsonl)
+    n = len(read_contrastive(jsonl))
+    assert res["overall"]["n"] == n
+    assert set(res["by_phenomenon"]) <= {"pronoun", "lexical_cohesion"}
+    assert set(res) == {"overall", "by_phenomenon", "by_distance"}
+    # same structure as the sentence-level evaluation
+    model, task = load_model(ckpt, toy_bin)
+    plain = evaluate(model, task, read_contrastive(jsonl)[:3])
+    assert set(plain) == set(res)
+    shuffled = TransformerContextAwareModel.demo_contrastive(ckpt, toy_bin, jsonl,
+                                                             ablation="shuffled")
+    assert shuffled["overall"]["n"] == n
+
+
+def test_demo_contrastive_checks_records(context_ckpt, toy_bin, toy_corpus, tmp_path):
+    ckpt, _ = context_ckpt
+    recs = [json.loads(x) for x in open(os.path.join(toy_corpus, "test.contrastive.jsonl"))]
+    recs[0]["doc_id"] = "no-such-doc"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(ValueError, match="but the record says 'no-such-doc'"):
+        TransformerContextAwareModel.demo_contrastive(ckpt, toy_bin, str(bad))
+
+
+def test_analysis_cli(context_ckpt, toy_bin, tmp_path):
+    from ctx_fairseq.eval import context_aware_analysis as caa
+
+    ckpt, _ = context_ckpt
+    out = str(tmp_path / "ana")
+    paths = caa.cli_main(["attention", "--path", ckpt, "--data", toy_bin, "--out-dir", out,
+                          "--top-k", "5", "--min-count", "1"])
+    res = json.load(open(paths["json"]))
+    assert len(res["top_words"]) == 5
+    vals = [w["attention_to_context"] for w in res["top_words"]]
+    assert vals == sorted(vals, reverse=True) and all(0 < v < 1 for v in vals)
+    assert 0 < res["mean_gate"]["all"] < 1 and res["mean_gate"]["without_context"] is not None
+    assert abs(res["mean_attention_to_context"] + res["mean_gate"]["all"] - 1) < 1e-9
+    paths = caa.cli_main(["bleu", "--path", ckpt, "--data", toy_bin, "--out-dir", out,
+                          "--beam", "1"])
+    res = json.load(open(paths["json"]))
+    assert res["true"]["sentences"] == res["shuffled"]["sentences"] > 0
+    assert abs(res["difference"] - (res["true"]["bleu"] - res["shuffled"]["bleu"])) < 1e-9
+    assert "| shuffled |" in open(paths["md"]).read()

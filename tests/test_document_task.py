@@ -1,0 +1,354 @@
+"""document_translation task and DocumentContextDataset: document ids checks,
+context windows (property test over random layouts), ablations, collation,
+document batching, sharding by documents, target context sources."""
+
+import os
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import ctx_fairseq  # noqa: F401  (registers the task)
+from fairseq import options, tasks
+from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+from ctx_fairseq.data.document_dataset import (
+    DocumentContextDataset,
+    DocumentIdError,
+    assign_shards,
+    document_batches,
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def setup_task(data, *extra):
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [data, "--task", "document_translation", "--arch", "transformer", *extra])
+    return tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+
+
+def copy_bin(toy_bin, tmp_path):
+    dest = str(tmp_path / "bin")
+    shutil.copytree(toy_bin, dest)
+    return dest
+
+
+def make_dict(n=40):
+    d = Dictionary()
+    for i in range(n):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def synthetic(doc_sizes, data_seed=0, d=None, **kw):
+    """A dataset whose sentence j has random length 1-5 and random words;
+    doc ids from ``doc_sizes``."""
+    d = d or make_dict()
+    rng = random.Random(data_seed)
+    src, tgt, ids = [], [], []
+    for doc, n in enumerate(doc_sizes):
+        for _ in range(n):
+            length = rng.randint(1, 5)
+            s = torch.tensor([rng.randrange(d.nspecial, len(d)) for _ in range(length)] + [d.eos()])
+            t = torch.tensor([rng.randrange(d.nspecial, len(d)) for _ in range(length + 1)] + [d.eos()])
+            src.append(s)
+            tgt.append(t)
+            ids.append(f"doc{doc}")
+    base = LanguagePairDataset(src, np.array([len(s) for s in src]), d, tgt,
+                               np.array([len(t) for t in tgt]), d, shuffle=True)
+    return DocumentContextDataset(base, ids, **kw), src, tgt
+
+
+def strip_eos(t, eos):
+    return t[:-1] if len(t) and int(t[-1]) == eos else t
+
+
+# --------------------------------------------------------------------------- document ids
+
+
+def test_docids_count_mismatch_is_a_clear_error(toy_bin, tmp_path):
+    data = copy_bin(toy_bin, tmp_path)
+    path = os.path.join(data, "test.docids")
+    lines = open(path).read().splitlines()
+    with open(path, "w") as f:
+        f.write("\n".join(lines[:-3]) + "\n")
+    task = setup_task(data)
+    with pytest.raises(DocumentIdError) as err:
+        task.load_dataset("test")
+    msg = str(err.value)
+    assert path in msg and f"{len(lines) - 3} document ids for {len(lines)} sentences" in msg
+
+
+def test_docids_non_contiguous_document_is_a_clear_error(toy_bin, tmp_path):
+    data = copy_bin(toy_bin, tmp_path)
+    path = os.path.join(data, "test.docids")
+    lines = open(path).read().splitlines()
+    first = lines[0]
+    bad = next(i for i, x in enumerate(lines) if x != first) + 2  # inside the 2nd document
+    lines[bad] = first
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with pytest.raises(DocumentIdError) as err:
+        setup_task(data).load_dataset("test")
+    msg = str(err.value)
+    assert f"{path}:{bad + 1}" in msg and repr(first) in msg and "contiguous" in msg
+
+
+def test_docids_missing_or_empty_line(toy_bin, tmp_path):
+    data = copy_bin(toy_bin, tmp_path)
+    path = os.path.join(data, "valid.docids")
+    lines = open(path).read().splitlines()
+    lines[4] = ""
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with pytest.raises(DocumentIdError, match=rf"{path}:5: empty document id"):
+        setup_task(data).load_dataset("valid")
+    os.remove(os.path.join(data, "test.docids"))
+    with pytest.raises(DocumentIdError, match="test.docids: document ids not found"):
+        setup_task(data).load_dataset("test")
+
+
+# --------------------------------------------------------------------------- context windows
+
+
+def test_context_never_crosses_documents_property():
+    """Random layouts (seeded): context stays inside the document, prev/online
+    context never sees the current or a later sentence, sizes are respected,
+    and the context tokens are the context sentences in order."""
+    for seed in range(25):
+        rng = random.Random(seed)
+        sizes = [rng.randint(1, 7) for _ in range(rng.randint(1, 8))]
+        k = rng.randint(1, 4)
+        direction = rng.choice(["prev", "next", "both"])
+        doc_ctx = rng.choice(["none", "none", "online", "offline"])
+        ds, src, _ = synthetic(sizes, seed, src_context_size=k, direction=direction,
+                               document_context=doc_ctx)
+        doc_of = np.repeat(np.arange(len(sizes)), sizes)
+        starts = np.cumsum([0] + sizes[:-1])
+        eos = ds.eos
+        for i in range(len(ds)):
+            ctx = ds.context_indices(i)
+            assert all(doc_of[j] == doc_of[i] for j in ctx), (seed, i, ctx)
+            assert i not in ctx
+            assert ds.doc_index[i] == doc_of[i] and ds.sent_pos[i] == i - starts[doc_of[i]]
+            doc = list(range(starts[doc_of[i]], starts[doc_of[i]] + sizes[doc_of[i]]))
+            if doc_ctx == "online":
+                assert ctx == [j for j in doc if j < i]
+            elif doc_ctx == "offline":
+                assert ctx == [j for j in doc if j != i]
+            else:
+                want = []
+                if direction in ("prev", "both"):
+                    want += [j for j in doc if i - k <= j < i]
+                if direction in ("next", "both"):
+                    want += [j for j in doc if i < j <= i + k]
+                assert ctx == want
+            if doc_ctx == "online" or (doc_ctx == "none" and direction == "prev"):
+                assert all(j < i for j in ctx)
+            toks = ds.context_tokens(i)
+            expect = torch.cat([torch.cat([strip_eos(src[j], eos), torch.tensor([eos])])
+                                for j in ctx]) if ctx else torch.empty(0, dtype=torch.long)
+            assert torch.equal(toks, expect), (seed, i)
+            if sizes[doc_of[i]] == 1 or (i == starts[doc_of[i]] and direction == "prev"
+                                          and doc_ctx != "offline"):
+                assert toks.numel() == 0
+
+
+def test_first_sentence_of_each_document_has_empty_context(toy_bin):
+    task = setup_task(toy_bin, "--source-context-size", "2")
+    task.load_dataset("test")
+    ds = task.datasets["test"]
+    firsts = ds.doc_start.tolist()
+    batch = ds.collater([ds[i] for i in range(len(ds))])
+    ni = batch["net_input"]
+    pad = task.src_dict.pad()
+    for row, i in enumerate(batch["id"].tolist()):
+        n_ctx = int(ni["src_ctx_lengths"][row])
+        assert (n_ctx == 0) == (i in firsts)
+        assert int(ni["src_ctx_tokens"][row].ne(pad).sum()) == n_ctx
+    # left padding like the source: real tokens at the right end
+    assert task.cfg.left_pad_source
+    full = ni["src_ctx_tokens"][ni["src_ctx_lengths"] == ni["src_ctx_tokens"].size(1)]
+    assert full.numel() and (full[:, -1] == task.src_dict.eos()).all()
+    assert set(batch["doc_index"].tolist()) == set(range(len(firsts)))
+
+
+def test_collate_matches_items_and_batch_order():
+    ds, _, _ = synthetic([3, 4, 2], 1, src_context_size=2, tgt_context_size=1)
+    idx = [5, 0, 8, 3, 1]
+    batch = ds.collater([ds[i] for i in idx])
+    ni = batch["net_input"]
+    pad = ds.src_dict.pad()
+    for row, i in enumerate(batch["id"].tolist()):
+        want = ds.context_tokens(i, "src")
+        got = ni["src_ctx_tokens"][row]
+        got = got[got.ne(pad)]
+        assert torch.equal(got, want)
+        assert int(ni["src_ctx_lengths"][row]) == want.numel()
+        tw = ds.context_tokens(i, "tgt")
+        tg = ni["tgt_ctx_tokens"][row]
+        assert torch.equal(tg[:tw.numel()], tw)  # target side: right padding
+    assert ni["src_ctx_tokens"].size(1) >= 1
+
+
+def test_separator_symbol(toy_bin):
+    ds, src, _ = synthetic([3], 2, src_context_size=2, separator=7)
+    toks = ds.context_tokens(2)
+    parts = [strip_eos(src[0], ds.eos), torch.tensor([7]), strip_eos(src[1], ds.eos),
+             torch.tensor([ds.eos])]
+    assert torch.equal(toks, torch.cat(parts))
+    with pytest.raises(ValueError, match="--context-separator '<nope>' is not in the source"):
+        task = setup_task(toy_bin, "--context-separator", "<nope>")
+        task.load_dataset("test")
+
+
+# --------------------------------------------------------------------------- ablations
+
+
+def test_shuffled_context_comes_from_other_documents_deterministically():
+    sizes = [4, 5, 3, 6]
+    ds, src, _ = synthetic(sizes, 3, src_context_size=1, ablation="shuffled", seed=5)
+    real, _, _ = synthetic(sizes, 3, src_context_size=1)
+    again, _, _ = synthetic(sizes, 3, src_context_size=1, ablation="shuffled", seed=5)
+    other, _, _ = synthetic(sizes, 3, src_context_size=1, ablation="shuffled", seed=6)
+    doc_of = np.repeat(np.arange(len(sizes)), sizes)
+    changed = 0
+    for i in range(len(ds)):
+        if not real.context_indices(i):
+            assert ds.context_indices(i) == []
+            continue
+        ctx = ds.context_indices(i)
+        assert len(ctx) == 1 and doc_of[ctx[0]] != doc_of[i]
+        assert ctx == again.context_indices(i)
+        changed += ctx != other.context_indices(i)
+        assert torch.equal(ds.context_tokens(i), torch.cat([strip_eos(src[ctx[0]], ds.eos),
+                                                             torch.tensor([ds.eos])]))
+    assert changed > 0
+
+
+def test_random_context_keeps_layout_and_is_deterministic():
+    sizes = [5, 5]
+    real, _, _ = synthetic(sizes, 4, src_context_size=2)
+    ds, _, _ = synthetic(sizes, 4, src_context_size=2, ablation="random", seed=3)
+    again, _, _ = synthetic(sizes, 4, src_context_size=2, ablation="random", seed=3)
+    differs = 0
+    for i in range(len(ds)):
+        a, b = real.context_tokens(i), ds.context_tokens(i)
+        assert a.shape == b.shape
+        sep = a.eq(ds.eos)
+        assert torch.equal(b[sep], a[sep]) and (b[~sep] >= ds.src_dict.nspecial).all()
+        assert torch.equal(b, again.context_tokens(i))
+        differs += not torch.equal(a, b)
+    assert differs > 0
+
+
+# --------------------------------------------------------------------------- batching / sharding
+
+
+def test_document_batches_whole_documents_within_max_tokens():
+    rng = np.random.RandomState(0)
+    sizes = rng.randint(1, 9, size=40)
+    doc_index = np.repeat(np.arange(len(sizes)), sizes)
+    ntok = rng.randint(2, 12, size=len(doc_index))
+    order = np.concatenate([np.flatnonzero(doc_index == d) for d in rng.permutation(len(sizes))])
+    max_tokens = 60
+    batches = document_batches(order, doc_index, ntok[order], max_tokens=max_tokens)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(doc_index)))
+    for b in batches:
+        assert len(b) * ntok[b].max() <= max_tokens or len(b) == 1
+    # a document is split only when it cannot fit into one batch by itself
+    where = {}
+    for k, b in enumerate(batches):
+        for dd in set(doc_index[b].tolist()):
+            where.setdefault(dd, []).append(k)
+    for dd, ks in where.items():
+        if len(ks) > 1:
+            members = np.flatnonzero(doc_index == dd)
+            assert len(members) * ntok[members].max() > max_tokens
+            assert ks == list(range(ks[0], ks[0] + len(ks)))  # consecutive chunks
+
+
+def test_two_shards_partition_sentences_with_whole_documents(toy_bin):
+    task = setup_task(toy_bin, "--document-batching", "--source-context-size", "1")
+    task.load_dataset("train")
+    ds = task.datasets["train"]
+    seen = {}
+    lengths = []
+    for shard in range(2):
+        itr = task.get_batch_iterator(ds, max_tokens=120, seed=1, num_shards=2, shard_id=shard,
+                                      epoch=1, disable_iterator_cache=True)
+        lengths.append(len(itr))
+        n_batches = 0
+        for batch in itr.next_epoch_itr(shuffle=True):
+            n_batches += 1
+            if not batch:
+                continue
+            for i in batch["id"].tolist():
+                assert i not in seen
+                seen[i] = shard
+        assert n_batches == len(itr)
+    assert lengths[0] == lengths[1]
+    assert sorted(seen) == list(range(len(ds)))
+    shard_of_doc = {}
+    for i, shard in seen.items():
+        assert shard_of_doc.setdefault(int(ds.doc_index[i]), shard) == shard
+    assert set(shard_of_doc.values()) == {0, 1}
+
+
+def test_assign_shards_keeps_chunked_documents_together():
+    doc_index = np.array([0] * 6 + [1] * 2 + [2] * 2 + [3] * 7)
+    batches = [np.arange(0, 3), np.arange(3, 6), np.arange(6, 10), np.arange(10, 14),
+               np.arange(14, 17)]
+    shards = assign_shards(batches, doc_index, 2)
+    assert sorted(shards[0] + shards[1]) == list(range(5))
+    for s in shards:
+        docs = set(np.concatenate([doc_index[batches[b]] for b in s]).tolist())
+        for other in shards:
+            if other is not s:
+                assert not docs & set(np.concatenate([doc_index[batches[b]] for b in other]).tolist())
+
+
+def test_generation_batches_in_document_order(toy_bin):
+    task = setup_task(toy_bin, "--document-context", "online")
+    task.load_dataset("test")
+    ds = task.datasets["test"]
+    itr = task.get_batch_iterator(ds, max_tokens=100, seed=1, disable_iterator_cache=True)
+    ids = []
+    for batch in itr.next_epoch_itr(shuffle=False):
+        assert "src_ctx_sent_offsets" in batch["net_input"]
+        offs = batch["net_input"]["src_ctx_sent_offsets"]
+        assert (offs <= 0).all()  # online: previous sentences only
+        ids.extend(sorted(batch["id"].tolist()))
+    assert ids == list(range(len(ds)))
+
+
+# --------------------------------------------------------------------------- target context
+
+
+def test_target_context_file_and_generation_requirement(toy_bin, tmp_path):
+    task = setup_task(toy_bin, "--target-context-size", "1")
+    task.load_dataset("test")
+    with pytest.raises(ValueError, match="--gold-target-context"):
+        task.build_generator([], options.parse_args_and_arch(
+            options.get_generation_parser(), [toy_bin]))
+    n = len(task.datasets["test"])
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("".join(f"hyp{i} ist\n" for i in range(n - 1)))
+    with pytest.raises(ValueError, match=rf"hyp.txt: {n - 1} lines for {n} sentences"):
+        setup_task(toy_bin, "--target-context-size", "1", "--target-context-file",
+                   str(hyp)).load_dataset("test")
+    hyp.write_text("".join(f"ist hier {i}\n" for i in range(n)))
+    t2 = setup_task(toy_bin, "--target-context-size", "1", "--target-context-file", str(hyp))
+    t2.load_dataset("test")
+    ds = t2.datasets["test"]
+    i = int(ds.doc_start[0]) + 2
+    got = t2.tgt_dict.string(ds[i]["tgt_ctx"])
+    assert got.split()[:2] == ["ist", "hier"] and len(got.split()) == 3  # "<unk>" for the number
+    gold = task.datasets["test"]
+    assert t2.tgt_dict.string(gold[i]["tgt_ctx"]) == task.tgt_dict.string(gold.base.tgt[i - 1])
