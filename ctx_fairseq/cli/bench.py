@@ -243,11 +243,12 @@ class Bench:
                 "train": [], "infer": [],
             }
             entry["flops"] = self.count_flops(entry)
+            # two full training steps (the memory measurement) also warm the model up
             entry["peak_mem_mb"] = self.peak_memory_mb(entry)
             for _ in range(a.warmup):
                 self.train_step(entry)
-                if a.infer_sentences:
-                    self.infer(entry)
+            if a.infer_sentences:
+                self.infer(entry)  # untimed: builds the generator, warms up decoding
             entries.append(entry)
             log(f"ctx-bench: built {label}: {entry['params'] / 1e6:.2f}M params, "
                 f"{entry['flops'] / 1e9:.1f} GFLOP per training step")
@@ -334,7 +335,9 @@ def get_parser() -> argparse.ArgumentParser:
                    help="sentences per beam-search run; 0 skips inference (32)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved measurement rounds (3)")
     p.add_argument("--train-steps", type=int, default=2, help="training steps per measurement (2)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up steps per model (1)")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="extra untimed training steps per model; the two steps of the memory "
+                   "measurement and one beam search always run first (0)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--fp16", action="store_true", help="mixed precision (autocast fp16; CUDA only)")
     p.add_argument("--seed", type=int, default=1)
@@ -372,9 +375,9 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
                 parse_spec(s)
         except ValueError as err:
             parser.error(str(err))
-    specs = [a.baseline] + [s for s in specs if s != a.baseline]
-    if a.archs is not None and a.baseline in split_specs(a.archs) and len(specs) == 1:
-        specs = [a.baseline, a.baseline]  # the baseline against itself
+    # The baseline comes first; naming it in --archs adds a second copy of it,
+    # which measures the baseline against itself (run-to-run noise).
+    specs = [a.baseline] + specs
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
         report = Bench(a).run(specs, log=log)
