@@ -103,7 +103,7 @@ def test_gates_per_layer(bpe_data, gate_ckpt, tmp_path):
     assert lines[0].startswith("layer\tmean_gate") and lines[1].startswith("encoder.1\t")
 
     # batching (and so padding) does not change the means
-    one = collect_gates(gate_ckpt, data, "valid", batch_size=1, cpu=True).layer_results()
+    one = collect_gates(gate_ckpt, data, "valid", batch_size=3, cpu=True).layer_results()
     for a, b in zip(one["layers"], res["layers"]):
         assert abs(a["mean_gate"] - b["mean_gate"]) < 1e-6, (a, b)
 
@@ -207,7 +207,7 @@ def test_window_sweep_summary(bpe_data, gate_ckpt, tmp_path):
         ckpt = gate_ckpt if m == 1 else train_tiny(data, str(run_dir / "ckpt"),
                                                     "--hybrid-window", str(m))
         out = generate([data, "--path", ckpt, "--beam", "2", "--max-tokens", "500",
-                        "--gen-subset", "valid", "--num-workers", "0", "--max-len-b", "20"])
+                        "--gen-subset", "valid", "--num-workers", "0", "--max-len-b", "6"])
         (run_dir / "generate-valid.txt").write_text(out)
         cli_main([data, "--path", ckpt, "--split", "valid", "--out-dir", str(run_dir)])
         runs.append(f"{m}={run_dir}")
