@@ -51,6 +51,7 @@ setup(
             "ctx-dc-jsd = ctx_fairseq.eval.dc_jsd:cli_main",
             "ctx-bleu-by-length = ctx_fairseq.eval.bleu_by_length:cli_main",
             "ctx-dc-params = ctx_fairseq.models.transformer_dc:params_cli_main",
+            "ctx-hybrid-gates = ctx_fairseq.eval.hybrid_gates:cli_main",
         ]
     },
 )
