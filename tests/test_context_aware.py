@@ -353,7 +353,7 @@ def test_analysis_cli(context_ckpt, toy_bin, tmp_path):
     assert 0 < res["mean_gate"]["all"] < 1 and res["mean_gate"]["without_context"] is not None
     assert abs(res["mean_attention_to_context"] + res["mean_gate"]["all"] - 1) < 1e-9
     paths = caa.cli_main(["bleu", "--path", ckpt, "--data", toy_bin, "--out-dir", out,
-                          "--beam", "1"])
+                          "--beam", "1", "--generate-args", "--max-len-b 12"])
     res = json.load(open(paths["json"]))
     assert res["true"]["sentences"] == res["shuffled"]["sentences"] > 0
     assert abs(res["difference"] - (res["true"]["bleu"] - res["shuffled"]["bleu"])) < 1e-9

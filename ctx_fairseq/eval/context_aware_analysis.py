@@ -31,6 +31,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import sys
 from typing import Dict, List, Optional, Sequence
 
@@ -303,6 +304,8 @@ def get_parser() -> argparse.ArgumentParser:
         s.add_argument("--png", action="store_true", help="also write a plot")
         if name == "bleu":
             s.add_argument("--beam", type=int, default=4)
+            s.add_argument("--generate-args", default="",
+                           help="further fairseq-generate options, e.g. '--max-len-b 50'")
         if name == "attention":
             s.add_argument("--top-k", type=int, default=10)
             s.add_argument("--min-count", type=int, default=3,
@@ -318,7 +321,8 @@ def cli_main(argv: Optional[Sequence[str]] = None) -> Dict:
     a = p.parse_args(argv)
     try:
         if a.command == "bleu":
-            result = bleu_true_vs_shuffled(a.path, a.data, a.split, a.beam, out_dir=a.out_dir)
+            result = bleu_true_vs_shuffled(a.path, a.data, a.split, a.beam, out_dir=a.out_dir,
+                                           extra=shlex.split(a.generate_args))
             table = format_bleu(result)
         elif a.command == "attention":
             model, task = load_document_model(a.path, a.data)
