@@ -352,3 +352,15 @@ def test_target_context_file_and_generation_requirement(toy_bin, tmp_path):
     assert got.split()[:2] == ["ist", "hier"] and len(got.split()) == 3  # "<unk>" for the number
     gold = task.datasets["test"]
     assert t2.tgt_dict.string(gold[i]["tgt_ctx"]) == task.tgt_dict.string(gold.base.tgt[i - 1])
+
+
+def test_inference_dataset_treats_input_lines_as_one_document(toy_bin):
+    task = setup_task(toy_bin, "--source-context-size", "1")
+    d = task.src_dict
+    lines = ["it sleeps now .", "we walk again .", "the bank is big ."]
+    toks = [d.encode_line(x, add_if_not_exist=False).long() for x in lines]
+    ds = task.build_dataset_for_inference(toks, [t.numel() for t in toks])
+    assert ds[0]["src_ctx"].numel() == 0
+    assert d.string(ds[2]["src_ctx"]) == lines[1]
+    batch = ds.collater([ds[i] for i in range(3)])
+    assert batch["net_input"]["src_ctx_tokens"].size(0) == 3
