@@ -30,7 +30,6 @@ Parameter counts: :func:`param_count_table` (see ``docs/transformer_dc.md``).
 import argparse
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -39,8 +38,8 @@ from fairseq.models.transformer import (
     TransformerModel,
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from ctx_fairseq.models._fairseq_utils import to_namespace, wrap_layer
 from ctx_fairseq.modules.dual_context import (
     DCTransformerDecoderLayer,
     DCTransformerEncoderLayer,
@@ -59,13 +58,6 @@ __all__ = [
 PAPER_TABLE1_PARAMS = {"transformer": 61.2e6, "enc": 73.86e6, "dec": 73.86e6, "full": 86.5e6}
 
 
-def _wrap_layer(layer, cfg):
-    """Activation checkpointing / FSDP wrapping exactly as fairseq's builders do."""
-    checkpoint = cfg.checkpoint_activations
-    if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
-    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
 def _check_kernel_size(value) -> int:
@@ -108,7 +100,7 @@ class DCTransformerEncoder(TransformerEncoderBase):
             return super().build_encoder_layer(cfg)
         layer = DCTransformerEncoderLayer(cfg, dc_kernel_size=self.dc_kernel_size,
                                           return_fc=self.return_fc)
-        return _wrap_layer(layer, cfg)
+        return wrap_layer(layer, cfg)
 
 
 class DCTransformerDecoder(TransformerDecoderBase):
@@ -131,19 +123,9 @@ class DCTransformerDecoder(TransformerDecoderBase):
             return super().build_decoder_layer(cfg, no_encoder_attn)
         layer = DCTransformerDecoderLayer(cfg, no_encoder_attn=no_encoder_attn,
                                           dc_kernel_size=self.dc_kernel_size)
-        return _wrap_layer(layer, cfg)
+        return wrap_layer(layer, cfg)
 
 
-def _to_namespace(args):
-    """Checkpoints may hand us an omegaconf ``DictConfig``; TransformerConfig's
-    ``from_namespace`` only keeps unknown keys (ours) from a Namespace."""
-    try:
-        from omegaconf import OmegaConf
-    except ImportError:  # pragma: no cover
-        return args
-    if OmegaConf.is_config(args):
-        return argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
-    return args
 
 
 @register_model("transformer_dc")
@@ -167,7 +149,7 @@ class TransformerDCModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        args = _to_namespace(args)
+        args = to_namespace(args)
         dc_base_architecture(args)
         dc_options(args)  # fail early, with the option's name, on a bad spec
         return super().build_model(args, task)

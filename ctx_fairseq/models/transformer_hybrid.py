@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from fairseq import utils
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -38,12 +37,12 @@ from fairseq.models.transformer import (
     TransformerModel,
     base_architecture,
 )
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
 
+from ctx_fairseq.models._fairseq_utils import wrap_layer
 from ctx_fairseq.modules.hybrid_attention import (
     HYBRID_MODES,
     HybridAttentionConfig,
@@ -109,13 +108,6 @@ def _num_layers(args, side: str) -> int:
     return int(utils.safe_getattr(args, f"{side}_layers", 6))
 
 
-def _wrap(layer, cfg):
-    """The activation-checkpointing / FSDP wrapping fairseq applies to its layers."""
-    checkpoint = cfg.checkpoint_activations
-    if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
-    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
 class HybridTransformerEncoderLayer(TransformerEncoderLayerBase):
@@ -180,7 +172,7 @@ class HybridTransformerEncoder(TransformerEncoder):
         cfg = TransformerConfig.from_namespace(args)
         layer = HybridTransformerEncoderLayer(cfg, self.hybrid.attention,
                                               return_fc=self.return_fc)
-        return _wrap(layer, cfg)
+        return wrap_layer(layer, cfg)
 
 
 class HybridTransformerDecoder(TransformerDecoder):
@@ -202,7 +194,7 @@ class HybridTransformerDecoder(TransformerDecoder):
         cfg = TransformerConfig.from_namespace(args)
         layer = HybridTransformerDecoderLayer(cfg, self.hybrid.attention,
                                               no_encoder_attn=no_encoder_attn)
-        return _wrap(layer, cfg)
+        return wrap_layer(layer, cfg)
 
 
 @register_model("transformer_hybrid")
