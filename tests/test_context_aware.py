@@ -358,3 +358,21 @@ def test_analysis_cli(context_ckpt, toy_bin, tmp_path):
     assert res["true"]["sentences"] == res["shuffled"]["sentences"] > 0
     assert abs(res["difference"] - (res["true"]["bleu"] - res["shuffled"]["bleu"])) < 1e-9
     assert "| shuffled |" in open(paths["md"]).read()
+
+
+def test_ctx_bench_runs_with_context(capsys):
+    """ctx-bench builds the model, uses bench_sample (context of doc_len
+    sentences) for training, FLOPs and beam search."""
+    from ctx_fairseq.cli import bench
+
+    tiny = ["--layers", "2", "--embed-dim", "16", "--heads", "2", "--ffn-dim", "32",
+            "--vocab", "64", "--src-len", "6", "--tgt-len", "5", "--max-tokens", "40",
+            "--infer-sentences", "3", "--beam", "2", "--repeats", "1", "--train-steps", "1",
+            "--warmup", "0", "--doc-len", "2"]
+    bench.cli_main(["--archs", "transformer_context_aware", *tiny, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    base, ctx = report["results"]
+    assert ctx["arch"] == "transformer_context_aware"
+    # context encoder, context attention and gate cost FLOPs: the bound is below 1
+    assert 0 < ctx["flops_ratio_bound"] < 1 and ctx["params"] > base["params"]
+    assert ctx["infer_sentences_per_s"] > 0
