@@ -364,3 +364,19 @@ def test_inference_dataset_treats_input_lines_as_one_document(toy_bin):
     assert d.string(ds[2]["src_ctx"]) == lines[1]
     batch = ds.collater([ds[i] for i in range(3)])
     assert batch["net_input"]["src_ctx_tokens"].size(0) == 3
+
+
+def test_sentence_level_model_with_context_is_a_clear_error(toy_bin):
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [toy_bin, "--task", "document_translation", "--arch", "transformer",
+         "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+         "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "16",
+         "--decoder-ffn-embed-dim", "16"])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    with pytest.raises(ValueError, match="--arch transformer does not take document context"):
+        task.build_model(cfg.model)
+    cfg.task.source_context_size = 0
+    task = tasks.setup_task(cfg.task)
+    assert task.build_model(cfg.model) is not None

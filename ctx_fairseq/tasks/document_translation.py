@@ -33,6 +33,7 @@ Options (besides those of ``translation``):
     ``fairseq-generate`` with ``--target-context-size > 0`` needs one of them.
 """
 
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -212,6 +213,15 @@ class DocumentTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
+        if self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0:
+            params = inspect.signature(model.forward).parameters
+            takes = "src_ctx_tokens" in params or any(
+                p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+            if not takes:
+                raise ValueError(
+                    f"--arch {getattr(cfg, 'arch', type(model).__name__)} does not take document "
+                    "context (its forward has no src_ctx_tokens); use a context-aware "
+                    "architecture or --source-context-size 0 --target-context-size 0")
         path = getattr(cfg, "init_from_sentence_checkpoint", None)
         if path and not from_checkpoint and hasattr(model, "load_sentence_checkpoint"):
             model.load_sentence_checkpoint(path)
