@@ -46,10 +46,17 @@ def test_options_pass_through_change_the_model(capsys):
     assert wide["infer_ratio"] is None
 
 
-def test_table_output(capsys):
+def test_table_and_markdown_output(capsys, tmp_path):
     bench.cli_main(["--archs", "transformer", *TINY])
     out = capsys.readouterr().out
     assert "train ratio" in out and "FLOPs bound" in out and out.count("transformer") >= 2
+    report = run_json(capsys, ["--archs", "transformer", *TINY])
+    saved = tmp_path / "report.json"
+    saved.write_text(json.dumps(report))
+    bench.cli_main(["--from-json", str(saved), "--markdown"])
+    md = capsys.readouterr().out.splitlines()
+    assert md[0].startswith("| arch | params") and len(md) == 4
+    assert md[2].startswith("| `transformer` |") and "| 1.000 |" in md[2]
 
 
 @pytest.mark.parametrize("argv,message", [

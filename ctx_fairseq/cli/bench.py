@@ -294,6 +294,23 @@ class Bench:
         }
 
 
+def format_markdown(report: Dict) -> str:
+    """The results as a Markdown table (for BENCHMARKS.md)."""
+    head = ["arch", "params", "train tok/s", "train ratio", "FLOPs bound", "ratio / bound",
+            "infer sent/s", "infer ratio", "peak MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in report["results"]:
+        infer = r["infer_ratio"] is not None
+        lines.append("| " + " | ".join([
+            f"`{r['arch']}`", f"{r['params'] / 1e6:.2f}M", f"{r['train_tokens_per_s']:.1f}",
+            f"{r['train_ratio']:.3f}", f"{r['flops_ratio_bound']:.3f}",
+            f"{r['train_ratio'] / r['flops_ratio_bound']:.3f}",
+            f"{r['infer_sentences_per_s']:.3f}" if infer else "-",
+            f"{r['infer_ratio']:.3f}" if infer else "-", f"{r['peak_mem_mb']:.0f}",
+        ]) + " |")
+    return "\n".join(lines)
+
+
 def format_table(report: Dict) -> str:
     head = ["arch", "params", "train tok/s", "train ratio", "FLOPs bound", "ratio/bound",
             "infer sent/s", "infer ratio", "peak MB"]
@@ -342,6 +359,9 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp16", action="store_true", help="mixed precision (autocast fp16; CUDA only)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="do not measure: format the report saved by an earlier --json run")
     return p
 
 
@@ -364,6 +384,14 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
         parser.error("--device cuda: no CUDA device is available")
     if a.fp16 and a.device != "cuda":
         parser.error("--fp16 needs --device cuda")
+    if a.from_json:
+        try:
+            with open(a.from_json, encoding="utf-8") as f:
+                report = json.load(f)
+        except (OSError, ValueError) as err:
+            parser.error(f"--from-json {a.from_json}: {err}")
+        print(format_markdown(report) if a.markdown else format_table(report))
+        return
     if a.archs is None:
         from ctx_fairseq._registry import plugin_models
 
@@ -385,6 +413,8 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
         parser.error(str(err))
     if a.json:
         print(json.dumps(report, indent=2))
+    elif a.markdown:
+        print(format_markdown(report))
     else:
         print(format_table(report))
 
