@@ -356,6 +356,9 @@ def get_parser() -> argparse.ArgumentParser:
                    help="extra untimed training steps per model; the two steps of the memory "
                    "measurement and one beam search always run first (0)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice); 1 is the most "
+                   "robust against other load on the machine")
     p.add_argument("--fp16", action="store_true", help="mixed precision (autocast fp16; CUDA only)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -380,6 +383,10 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
         parser.error("--vocab must be >= 8")
     if a.tgt_len > a.max_tokens:
         parser.error("--max-tokens must be at least --tgt-len")
+    if a.threads is not None:
+        if a.threads < 1:
+            parser.error("--threads must be >= 1")
+        torch.set_num_threads(a.threads)
     if a.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     if a.fp16 and a.device != "cuda":
