@@ -29,12 +29,10 @@ Architectures: ``transformer_context_aware`` (Transformer base: 6 layers,
 data and tests). Command-line options override the presets.
 """
 
-import argparse
 import logging
 from typing import Dict, List, Optional
 
 import torch
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -43,32 +41,14 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture
 from fairseq.modules import LayerNorm
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
 
+from ctx_fairseq.models._fairseq_utils import to_namespace, wrap_layer
 from ctx_fairseq.modules.context_gate import ContextAwareEncoderLayer
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TransformerContextAwareModel", "ContextAwareTransformerEncoder"]
-
-
-def _wrap_layer(layer, cfg):
-    """Activation checkpointing / FSDP wrapping as fairseq's builders do."""
-    if cfg.checkpoint_activations:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    min_params = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
-    return fsdp_wrap(layer, min_num_params=min_params)
-
-
-def _to_namespace(args):
-    try:
-        from omegaconf import OmegaConf
-    except ImportError:  # pragma: no cover
-        return args
-    if OmegaConf.is_config(args):
-        return argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
-    return args
 
 
 class ContextAwareTransformerEncoder(TransformerEncoderBase):
@@ -94,7 +74,7 @@ class ContextAwareTransformerEncoder(TransformerEncoderBase):
         self._layers_built += 1
         if idx < cfg.encoder.layers - 1:
             return super().build_encoder_layer(cfg)
-        return _wrap_layer(ContextAwareEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+        return wrap_layer(ContextAwareEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
     @property
     def context_aware_layer(self) -> ContextAwareEncoderLayer:
@@ -192,7 +172,7 @@ class TransformerContextAwareModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        args = _to_namespace(args)
+        args = to_namespace(args)
         context_aware_base_architecture(args)
         if int(args.encoder_layers) < 1:
             raise ValueError("transformer_context_aware needs --encoder-layers >= 1")
