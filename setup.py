@@ -52,6 +52,7 @@ setup(
             "ctx-bleu-by-length = ctx_fairseq.eval.bleu_by_length:cli_main",
             "ctx-dc-params = ctx_fairseq.models.transformer_dc:params_cli_main",
             "ctx-hybrid-gates = ctx_fairseq.eval.hybrid_gates:cli_main",
+            "ctx-context-aware-analysis = ctx_fairseq.eval.context_aware_analysis:cli_main",
         ]
     },
 )
