@@ -29,6 +29,7 @@ def test_baseline_against_itself(capsys):
     assert a["params"] == b["params"] > 0
     assert a["train_ratio"] == 1.0 and a["flops_ratio_bound"] == 1.0
     assert b["flops_ratio_bound"] == pytest.approx(1.0)  # identical FLOPs
+    assert b["infer_flops_ratio_bound"] == pytest.approx(1.0)
     assert b["train_tokens_per_s"] > 0 and b["infer_sentences_per_s"] > 0
     assert b["peak_mem_mb"] == pytest.approx(a["peak_mem_mb"], rel=0.2)
     assert b["train_ratio"] == pytest.approx(b["train_tokens_per_s"] / a["train_tokens_per_s"])
@@ -43,7 +44,7 @@ def test_options_pass_through_change_the_model(capsys):
     # one encoder layer's FFN grows from 16x32 to 16x64 (weights and biases)
     assert wide["params"] - base["params"] == 2 * 16 * 32 + 32
     assert wide["flops_ratio_bound"] < 1.0
-    assert wide["infer_ratio"] is None
+    assert wide["infer_ratio"] is None and wide["infer_flops_ratio_bound"] is None
 
 
 def test_table_and_markdown_output(capsys, tmp_path):
@@ -55,7 +56,7 @@ def test_table_and_markdown_output(capsys, tmp_path):
     saved.write_text(json.dumps(report))
     bench.cli_main(["--from-json", str(saved), "--markdown"])
     md = capsys.readouterr().out.splitlines()
-    assert md[0].startswith("| arch | params") and len(md) == 4
+    assert md[0].startswith("| arch | params") and len(md) == 4 and "infer FLOPs bound" in md[0]
     assert md[2].startswith("| `transformer` |") and "| 1.000 |" in md[2]
 
 

@@ -18,7 +18,8 @@ runs first):
 * **parameter count**;
 * **the analytic bound on the throughput ratio**: baseline FLOPs / arch FLOPs
   of one training step (forward + backward), counted by
-  ``torch.utils.flop_counter.FlopCounterMode``.
+  ``torch.utils.flop_counter.FlopCounterMode``; ``infer_flops_ratio_bound``
+  is the same for one beam search.
 
 Each ratio is arch / baseline measured in the same run (median over repeats).
 Architectures are fairseq architecture names; ``ARCH[--opt value --flag]``
@@ -189,7 +190,7 @@ class Bench:
         return (resident + peak) / 2 ** 20
 
     @torch.no_grad()
-    def infer(self, entry) -> float:
+    def infer(self, entry, count_flops: bool = False) -> float:
         from fairseq.sequence_generator import SequenceGenerator
 
         a = self.args
@@ -206,6 +207,12 @@ class Bench:
         for k, v in ni.items():  # document models may carry context inputs
             if k not in ("src_tokens", "src_lengths", "prev_output_tokens"):
                 sample["net_input"][k] = v[:n] if torch.is_tensor(v) else v
+        if count_flops:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            with FlopCounterMode(display=False) as counter, self._autocast():
+                gen.generate([model], sample)
+            return float(counter.get_total_flops())
         self._sync()
         start = time.perf_counter()
         with self._autocast():
@@ -248,7 +255,8 @@ class Bench:
             for _ in range(a.warmup):
                 self.train_step(entry)
             if a.infer_sentences:
-                self.infer(entry)  # untimed: builds the generator, warms up decoding
+                # untimed: builds the generator, warms up decoding, counts its FLOPs
+                entry["infer_flops"] = self.infer(entry, count_flops=True)
             entries.append(entry)
             log(f"ctx-bench: built {label}: {entry['params'] / 1e6:.2f}M params, "
                 f"{entry['flops'] / 1e9:.1f} GFLOP per training step")
@@ -272,6 +280,8 @@ class Bench:
                 "flops_ratio_bound": base["flops"] / e["flops"],
                 "infer_sentences_per_s": None if math.isnan(infer) else infer,
                 "infer_ratio": None if math.isnan(infer) else infer / base_infer,
+                "infer_flops_ratio_bound": (base["infer_flops"] / e["infer_flops"]
+                                            if "infer_flops" in e else None),
                 "peak_mem_mb": e["peak_mem_mb"],
                 "train_flops": e["flops"], "train_tokens_per_s_repeats": e["train"],
                 "infer_sentences_per_s_repeats": e["infer"],
@@ -297,7 +307,7 @@ class Bench:
 def format_markdown(report: Dict) -> str:
     """The results as a Markdown table (for BENCHMARKS.md)."""
     head = ["arch", "params", "train tok/s", "train ratio", "FLOPs bound", "ratio / bound",
-            "infer sent/s", "infer ratio", "peak MB"]
+            "infer sent/s", "infer ratio", "infer FLOPs bound", "peak MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in report["results"]:
         infer = r["infer_ratio"] is not None
@@ -306,14 +316,16 @@ def format_markdown(report: Dict) -> str:
             f"{r['train_ratio']:.3f}", f"{r['flops_ratio_bound']:.3f}",
             f"{r['train_ratio'] / r['flops_ratio_bound']:.3f}",
             f"{r['infer_sentences_per_s']:.3f}" if infer else "-",
-            f"{r['infer_ratio']:.3f}" if infer else "-", f"{r['peak_mem_mb']:.0f}",
+            f"{r['infer_ratio']:.3f}" if infer else "-",
+            f"{r['infer_flops_ratio_bound']:.3f}" if r.get("infer_flops_ratio_bound") else "-",
+            f"{r['peak_mem_mb']:.0f}",
         ]) + " |")
     return "\n".join(lines)
 
 
 def format_table(report: Dict) -> str:
     head = ["arch", "params", "train tok/s", "train ratio", "FLOPs bound", "ratio/bound",
-            "infer sent/s", "infer ratio", "peak MB"]
+            "infer sent/s", "infer ratio", "infer bound", "peak MB"]
     rows = []
     for r in report["results"]:
         rows.append([
@@ -321,7 +333,9 @@ def format_table(report: Dict) -> str:
             f"{r['train_ratio']:.3f}", f"{r['flops_ratio_bound']:.3f}",
             f"{r['train_ratio'] / r['flops_ratio_bound']:.3f}",
             "-" if r["infer_ratio"] is None else f"{r['infer_sentences_per_s']:.2f}",
-            "-" if r["infer_ratio"] is None else f"{r['infer_ratio']:.3f}", f"{r['peak_mem_mb']:.0f}",
+            "-" if r["infer_ratio"] is None else f"{r['infer_ratio']:.3f}",
+            f"{r['infer_flops_ratio_bound']:.3f}" if r.get("infer_flops_ratio_bound") else "-",
+            f"{r['peak_mem_mb']:.0f}",
         ])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     fmt = lambda c: "  ".join(x.rjust(w) if i else x.ljust(w)  # noqa: E731
