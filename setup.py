@@ -48,11 +48,11 @@ setup(
             "ctx-bench = ctx_fairseq.cli.bench:cli_main",
             "ctx-score-contrastive = ctx_fairseq.eval.contrastive:cli_main",
             "ctx-prep-docs = ctx_fairseq.data.prep_docs:cli_main",
-            "ctx-dc-jsd = ctx_fairseq.eval.dc_jsd:cli_main",
-            "ctx-bleu-by-length = ctx_fairseq.eval.bleu_by_length:cli_main",
+            "ctx-dc-jsd = ctx_fairseq.cli.entry_points:dc_jsd",
+            "ctx-bleu-by-length = ctx_fairseq.cli.entry_points:bleu_by_length",
             "ctx-dc-params = ctx_fairseq.models.transformer_dc:params_cli_main",
-            "ctx-hybrid-gates = ctx_fairseq.eval.hybrid_gates:cli_main",
-            "ctx-context-aware-analysis = ctx_fairseq.eval.context_aware_analysis:cli_main",
+            "ctx-hybrid-gates = ctx_fairseq.cli.entry_points:hybrid_gates",
+            "ctx-context-aware-analysis = ctx_fairseq.cli.entry_points:context_aware_analysis",
         ]
     },
 )

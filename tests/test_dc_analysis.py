@@ -174,3 +174,20 @@ def test_bleu_by_length_cli_on_real_generate_output(tiny_enc_dc, toy_bin, tmp_pa
     assert "enc-dc" in open(paths["md"]).read() and _is_png(paths["png"])
     with pytest.raises(SystemExit, match="NAME=FILE"):
         bbl.cli_main(["--system", str(tmp_path / "enc.txt")])
+
+
+def test_console_script_exits_zero(tiny_enc_dc, toy_bin, tmp_path):
+    """The installed console script (not just cli_main) succeeds with status 0."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("ctx-bleu-by-length")
+    if exe is None:
+        pytest.skip("console scripts are not installed (pip install -e .)")
+    gen = generate([toy_bin, "--path", tiny_enc_dc, "--beam", "2", "--max-tokens", "500",
+                    "--gen-subset", "test", "--num-workers", "0", "--max-len-b", "20"])
+    (tmp_path / "enc.txt").write_text(gen, encoding="utf-8")
+    res = subprocess.run([exe, "--system", f"enc={tmp_path / 'enc.txt'}", "--out-dir",
+                          str(tmp_path / "out")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "out").is_dir()
