@@ -18,8 +18,11 @@ runs first):
 * **parameter count**;
 * **the analytic bound on the throughput ratio**: baseline FLOPs / arch FLOPs
   of one training step (forward + backward), counted by
-  ``torch.utils.flop_counter.FlopCounterMode``; ``infer_flops_ratio_bound``
-  is the same for one beam search.
+  ``torch.utils.flop_counter.FlopCounterMode`` with formulas for the fused
+  attention kernels (``ctx_fairseq.flops``), so that attention counts the same
+  whether a model runs it fused (fairseq's fast path, on the CPU or CUDA) or
+  as explicit matrix products; ``infer_flops_ratio_bound`` is the same for one
+  beam search.
 
 Each ratio is arch / baseline measured in the same run (median over repeats).
 Architectures are fairseq architecture names; ``ARCH[--opt value --flag]``
@@ -156,15 +159,16 @@ class Bench:
             opt.step()
 
     def count_flops(self, entry) -> float:
-        from torch.utils.flop_counter import FlopCounterMode
+        from ctx_fairseq.flops import FlopCounter
 
         model, crit, sample = entry["model"], entry["crit"], entry["sample"]
         model.train()
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounter() as counter:
             loss, _, _ = crit(model, sample)
             loss.backward()
         model.zero_grad(set_to_none=True)
-        return float(counter.get_total_flops())
+        entry.setdefault("uncounted_ops", set()).update(counter.uncounted)
+        return float(counter.total)
 
     def peak_memory_mb(self, entry) -> float:
         if self.device.type == "cuda":
@@ -208,11 +212,12 @@ class Bench:
             if k not in ("src_tokens", "src_lengths", "prev_output_tokens"):
                 sample["net_input"][k] = v[:n] if torch.is_tensor(v) else v
         if count_flops:
-            from torch.utils.flop_counter import FlopCounterMode
+            from ctx_fairseq.flops import FlopCounter
 
-            with FlopCounterMode(display=False) as counter, self._autocast():
+            with FlopCounter() as counter, self._autocast():
                 gen.generate([model], sample)
-            return float(counter.get_total_flops())
+            entry.setdefault("uncounted_ops", set()).update(counter.uncounted)
+            return float(counter.total)
         self._sync()
         start = time.perf_counter()
         with self._autocast():
@@ -258,6 +263,10 @@ class Bench:
                 # untimed: builds the generator, warms up decoding, counts its FLOPs
                 entry["infer_flops"] = self.infer(entry, count_flops=True)
             entries.append(entry)
+            if entry["uncounted_ops"]:
+                log(f"ctx-bench: warning: {label}: no FLOPs formula for "
+                    f"{', '.join(sorted(entry['uncounted_ops']))}; their FLOPs count as zero "
+                    "and the FLOPs bounds are not comparable")
             log(f"ctx-bench: built {label}: {entry['params'] / 1e6:.2f}M params, "
                 f"{entry['flops'] / 1e9:.1f} GFLOP per training step")
         for r in range(a.repeats):
