@@ -33,3 +33,34 @@ def toy_bin(toy_corpus, tmp_path_factory):
     for split in ("train", "valid", "test"):
         shutil.copy(os.path.join(toy_corpus, f"{split}.docids"), dest)
     return dest
+
+
+DOC_ARGS = ["--task", "document_translation", "--source-context-size", "1"]
+
+
+@pytest.fixture(scope="session")
+def sentence_ckpt(toy_bin, tmp_path_factory):
+    """A sentence-level transformer trained 2 updates on the toy corpus."""
+    from fairseq_cli_utils import TINY_MODEL_ARGS, train
+
+    save = str(tmp_path_factory.mktemp("sent"))
+    train([toy_bin, "--arch", "transformer", *TINY_MODEL_ARGS, "--share-all-embeddings",
+           "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "2",
+           "--save-dir", save, "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1",
+           "--num-workers", "0", "--disable-validation"])
+    return os.path.join(save, "checkpoint_last.pt")
+
+
+@pytest.fixture(scope="session")
+def context_ckpt(toy_bin, sentence_ckpt, tmp_path_factory):
+    """Two-stage: transformer_context_aware initialised from the sentence
+    checkpoint, trained 3 updates, then beam-searched through fairseq-generate."""
+    from fairseq_cli_utils import train_and_generate
+
+    save = str(tmp_path_factory.mktemp("ctx"))
+    out = train_and_generate(
+        toy_bin, save, "transformer_context_aware",
+        extra=[*DOC_ARGS, "--share-all-embeddings", "--init-from-sentence-checkpoint",
+               sentence_ckpt],
+        gen_extra=DOC_ARGS)
+    return os.path.join(save, "checkpoint_last.pt"), out

@@ -72,3 +72,17 @@ def train_and_generate(data_dir: str, save_dir: str, arch: str, extra: List[str]
 
 def hypotheses(generate_output: str) -> List[str]:
     return [line.split("\t")[2] for line in generate_output.splitlines() if line.startswith("H-")]
+
+
+def interactive(argv: List[str]) -> str:
+    """Run fairseq-interactive (``--input FILE`` in ``argv``); returns what it printed."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import interactive as fs_interactive
+
+    parser = options.get_interactive_generation_parser()
+    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR] + argv)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fs_interactive.main(convert_namespace_to_omegaconf(args))
+    return out.getvalue()

@@ -242,29 +242,6 @@ def test_bench_sample_trains():
 # --------------------------------------------------------------------------- CLIs
 
 
-@pytest.fixture(scope="module")
-def sentence_ckpt(toy_bin, tmp_path_factory):
-    save = str(tmp_path_factory.mktemp("sent"))
-    train([toy_bin, "--arch", "transformer", *TINY_MODEL_ARGS, "--share-all-embeddings",
-           "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "2",
-           "--save-dir", save, "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1",
-           "--num-workers", "0", "--disable-validation"])
-    return os.path.join(save, "checkpoint_last.pt")
-
-
-@pytest.fixture(scope="module")
-def context_ckpt(toy_bin, sentence_ckpt, tmp_path_factory):
-    """Two-stage: initialised from the sentence checkpoint, trained 3 updates,
-    then beam-searched through fairseq-generate."""
-    save = str(tmp_path_factory.mktemp("ctx"))
-    out = train_and_generate(
-        toy_bin, save, "transformer_context_aware",
-        extra=[*DOC_ARGS, "--share-all-embeddings", "--init-from-sentence-checkpoint",
-               sentence_ckpt],
-        gen_extra=DOC_ARGS)
-    return os.path.join(save, "checkpoint_last.pt"), out
-
-
 def test_cli_train_and_generate(context_ckpt, toy_bin):
     _, out = context_ckpt
     hyps = hypotheses(out)

@@ -41,6 +41,7 @@ same worker), so the workers partition the sentences exactly.
 
 import logging
 import math
+import os
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -59,15 +60,23 @@ class DocumentIdError(ValueError):
 
 
 def read_docids(path: str, expected: Optional[int] = None) -> List[str]:
-    """Read ``{split}.docids`` (one id per line); check it against the number
-    of sentences ``expected`` and that every document is contiguous."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            ids = [line.rstrip("\r\n") for line in f]
-    except FileNotFoundError as err:
+    """Read ``{split}.docids`` (one id per line) with the reader of
+    ``ctx-prep-docs`` (:func:`ctx_fairseq.data.prep_docs.read_docids`: UTF-8,
+    a byte-order mark dropped, each id stripped of surrounding white space,
+    no empty id, no white space inside an id, documents contiguous), then
+    check it against the number of sentences ``expected``."""
+    from ctx_fairseq.data.prep_docs import PrepDocsError, read_docids as _read
+
+    if not os.path.exists(path):
         raise DocumentIdError(
             f"{path}: document ids not found; the document-level task needs one document id "
-            f"per sentence beside the binarized data ({{split}}.docids)") from err
+            f"per sentence beside the binarized data ({{split}}.docids)")
+    if expected == 0 and os.path.getsize(path) == 0:
+        return []
+    try:
+        ids = _read(path)
+    except PrepDocsError as err:
+        raise DocumentIdError(str(err)) from None
     check_docids(ids, path, expected)
     return ids
 
@@ -118,6 +127,69 @@ def _ranges(doc_start: np.ndarray, doc_end: np.ndarray, k: Optional[int], direct
     return p_lo, p_hi, n_lo, n_hi
 
 
+PARTIAL_NONE, PARTIAL_PREV, PARTIAL_NEXT = 0, 1, 2
+
+
+def truncate_windows(unit: np.ndarray, window, limit: Optional[int]):
+    """Cut context windows to at most ``limit`` tokens, nearest sentences first.
+
+    ``unit[j]`` is the number of tokens sentence ``j`` contributes to a
+    context (its tokens plus one separator); ``window`` is ``(p_lo, p_hi,
+    n_lo, n_hi)`` per sentence. Sentences are taken in order of distance from
+    the current one (previous before next at equal distance: ``-1, +1, -2,
+    +2, ...``) while the total fits, and the first one that does not fit ends
+    the context, so the kept context is contiguous around the current
+    sentence. Where even the nearest sentence does not fit, its ``limit``
+    tokens nearest the current sentence are kept (its end for a previous
+    sentence, its beginning for a next one).
+
+    Returns ``(window, partial, length, full_length)``: the cut windows, per
+    sentence ``PARTIAL_PREV``/``PARTIAL_NEXT`` where only part of the nearest
+    sentence is kept, the kept context length and the uncut length (tokens).
+    Vectorised: a binary search over the distance, O(n log doc length).
+    """
+    p_lo, p_hi, n_lo, n_hi = (np.asarray(w, dtype=np.int64) for w in window)
+    cs = np.concatenate([[0], np.cumsum(np.asarray(unit, dtype=np.int64))])
+
+    def total(r):
+        lo = np.maximum(p_hi - r, p_lo)
+        hi = np.minimum(n_lo + r, n_hi)
+        return (cs[p_hi] - cs[lo]) + (cs[hi] - cs[n_lo])
+
+    span = np.maximum(p_hi - p_lo, n_hi - n_lo)
+    full = total(span)
+    partial = np.zeros(len(p_lo), dtype=np.int8)
+    if limit is None or not (full > limit).any():
+        return (p_lo, p_hi, n_lo, n_hi), partial, full, full
+    lo_r, hi_r = np.zeros_like(span), span.copy()
+    while (lo_r < hi_r).any():
+        mid = (lo_r + hi_r + 1) // 2
+        ok = total(mid) <= limit
+        lo_r = np.where(ok, mid, lo_r)
+        hi_r = np.where(ok, hi_r, mid - 1)
+    r = lo_r
+    kept = total(r)
+    cand = p_hi - r - 1  # the previous sentence at distance r + 1, if it exists
+    has_cand = cand >= p_lo
+    extra = has_cand & (kept + np.where(has_cand, unit[np.clip(cand, 0, None)], 0) <= limit)
+    new_p_lo = np.maximum(p_hi - r - extra, p_lo)
+    new_n_hi = np.minimum(n_lo + r, n_hi)
+    kept = (cs[p_hi] - cs[new_p_lo]) + (cs[new_n_hi] - cs[n_lo])
+    nothing = (kept == 0) & (full > 0)
+    partial[nothing & (p_hi > p_lo)] = PARTIAL_PREV
+    partial[nothing & (p_hi == p_lo)] = PARTIAL_NEXT
+    length = np.where(nothing, limit, kept)
+    return (new_p_lo, p_hi, n_lo, new_n_hi), partial, length, full
+
+
+def padded_cost(count: int, maxima: Sequence[int], sides: Sequence[Sequence[int]]) -> int:
+    """Tokens of the padded tensors of a batch of ``count`` sentences whose
+    longest sequence of each part is ``maxima[p]`` (each part is padded
+    separately; context tensors are at least one column wide): the larger
+    side (encoder or decoder) counts."""
+    return max(count * sum(max(int(maxima[p]), 1) for p in side) for side in sides)
+
+
 class DocumentContextDataset(FairseqDataset):
     """A ``LanguagePairDataset`` with document structure and context inputs.
 
@@ -128,7 +200,7 @@ class DocumentContextDataset(FairseqDataset):
             (per direction) of the current sentence; 0 turns a side off.
         direction: ``prev``, ``next`` or ``both``.
         ablation: ``none``, ``shuffled`` or ``random`` (see module docstring).
-        seed: seed of the ablations.
+        seed: seed of the ablations and of the document order per epoch.
         document_context: ``none``; ``online`` (all previous sentences of the
             document) or ``offline`` (all other sentences of the document);
             overrides the sizes and direction of every side that is on.
@@ -137,9 +209,17 @@ class DocumentContextDataset(FairseqDataset):
         tgt_context: sequence of target-side token tensors to take target
             context from (default: the references, ``base.tgt``).
         max_src_context_tokens / max_tgt_context_tokens: longer contexts are
-            cut, keeping the tokens nearest the current sentence for
-            ``prev`` context and the first ones otherwise.
+            cut, nearest sentences first (:func:`truncate_windows`).
         docids_path: named in error messages.
+
+    Batch sizes count the context: :meth:`num_tokens` is the larger of
+    ``source + source context`` and ``target + target context`` tokens, and
+    :meth:`batch_by_size` (sentence and document batching) bounds the padded
+    tensors the model receives, ``B x (max source + max source context)`` on
+    the encoder side and likewise on the decoder side, by ``--max-tokens``.
+    :meth:`size` stays the pair of sequence lengths that fairseq compares with
+    ``--max-positions`` (a context is a sequence of its own, cut to
+    ``max_*_context_tokens``).
     """
 
     def __init__(self, base, doc_ids: Sequence[str], src_context_size: int = 1,
@@ -161,6 +241,9 @@ class DocumentContextDataset(FairseqDataset):
                         ("--target-context-size", tgt_context_size)):
             if v is None or int(v) < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        for name, v in (("source", max_src_context_tokens), ("target", max_tgt_context_tokens)):
+            if v is not None and int(v) < 1:
+                raise ValueError(f"maximum {name} context length must be >= 1, got {v!r}")
         check_docids(doc_ids, docids_path, len(base))
         self.base = base
         self.docids_path = docids_path
@@ -173,14 +256,14 @@ class DocumentContextDataset(FairseqDataset):
         self.document_batching = bool(document_batching) or document_context != "none"
         self.eos = self.src_dict.eos()
         self.separator = self.eos if separator is None else int(separator)
-        self.max_src_context_tokens = max_src_context_tokens
-        self.max_tgt_context_tokens = max_tgt_context_tokens
+        self.max_context_tokens = {"src": max_src_context_tokens, "tgt": max_tgt_context_tokens}
         if tgt_context is not None and len(tgt_context) != len(base):
             raise ValueError(f"target context: {len(tgt_context)} lines for {len(base)} sentences")
         self.tgt_context = tgt_context
         if self.tgt_context_size > 0 and tgt_context is None and base.tgt is None:
             raise ValueError("--target-context-size > 0 needs target sentences (references or "
                              "--target-context-file)")
+        self.epoch = 1
 
         # document structure (vectorised)
         n = len(doc_ids)
@@ -196,27 +279,70 @@ class DocumentContextDataset(FairseqDataset):
         s_start = self.doc_start[self.doc_index]
         s_end = s_start + self.doc_len[self.doc_index]
 
-        # context windows per side: (prev_lo, prev_hi, next_lo, next_hi)
-        self.windows = {}
+        # context windows per side before truncation: (prev_lo, prev_hi, next_lo, next_hi)
+        self.full_windows = {}
         for side, k in (("src", self.src_context_size), ("tgt", self.tgt_context_size)):
             if k <= 0:
                 continue
             if document_context == "online":
-                self.windows[side] = _ranges(s_start, s_end, None, "prev")
+                self.full_windows[side] = _ranges(s_start, s_end, None, "prev")
             elif document_context == "offline":
-                self.windows[side] = _ranges(s_start, s_end, None, "both")
+                self.full_windows[side] = _ranges(s_start, s_end, None, "both")
             else:
-                self.windows[side] = _ranges(s_start, s_end, k, direction)
+                self.full_windows[side] = _ranges(s_start, s_end, k, direction)
         self.donor = self._shuffled_donors() if ablation == "shuffled" else None
+        self.refresh_context_lengths()
 
     # ----------------------------------------------------------------- context
+    def _sentences(self, side: str):
+        if side == "src":
+            return self.base.src
+        return self.tgt_context if self.tgt_context is not None else self.base.tgt
+
+    def _unit_lengths(self, side: str) -> np.ndarray:
+        """Tokens each sentence adds to a context: its tokens without a final
+        ``</s>``, plus one separator."""
+        seqs = self._sentences(side)
+        if side == "src" or self.tgt_context is None:
+            sizes = np.asarray(self.base.src_sizes if side == "src" else self.base.tgt_sizes,
+                               dtype=np.int64)
+        else:
+            sizes = np.fromiter((len(t) for t in seqs), dtype=np.int64, count=len(seqs))
+        ends = np.fromiter((len(seqs[j]) > 0 and int(seqs[j][-1]) == self.eos
+                            for j in range(len(sizes))), dtype=bool, count=len(sizes))
+        return sizes - ends + 1
+
+    def refresh_context_lengths(self) -> None:
+        """(Re)compute the cut windows and context lengths of every sentence
+        (call after changing ``tgt_context``)."""
+        self.windows, self.partial, self.context_length = {}, {}, {}
+        self.truncation = {}
+        for side, win in self.full_windows.items():
+            unit = self._unit_lengths(side)
+            cut, partial, length, full = truncate_windows(unit, win, self.max_context_tokens[side])
+            self.windows[side], self.partial[side] = cut, partial
+            anchor = self.donor if self.donor is not None else np.arange(len(length))
+            self.context_length[side] = length[anchor].astype(np.int64)
+            lost = (full - length)[anchor]
+            self.truncation[side] = (int((lost > 0).sum()), int(lost.sum()), int(full[anchor].sum()))
+
+    def _anchor(self, index: int, side: str) -> int:
+        """The position whose context ``index`` gets (itself, or its donor
+        under the shuffled ablation)."""
+        if self.donor is None:
+            return index
+        p_lo, p_hi, n_lo, n_hi = self.full_windows[side]
+        if (p_hi[index] - p_lo[index]) + (n_hi[index] - n_lo[index]) > 0:
+            return int(self.donor[index])
+        return index
+
     def _shuffled_donors(self) -> Optional[np.ndarray]:
         """For each sentence a position in another document whose (real)
         context stands in for its own; uniform over positions that have
         context, deterministic for the seed."""
-        if not self.windows:
+        if not self.full_windows:
             return None
-        p_lo, p_hi, n_lo, n_hi = next(iter(self.windows.values()))
+        p_lo, p_hi, n_lo, n_hi = next(iter(self.full_windows.values()))
         count = (p_hi - p_lo) + (n_hi - n_lo)
         eligible = np.flatnonzero(count > 0)
         n = len(count)
@@ -236,27 +362,32 @@ class DocumentContextDataset(FairseqDataset):
         pick = np.where(others > 0, np.floor(u * np.maximum(others, 1)).astype(np.int64),
                         np.floor(u * len(eligible)).astype(np.int64))
         pick = np.where((others > 0) & (pick >= lo), pick + own, pick)
-        return eligible[pick].astype(np.int64)
+        donor = eligible[pick].astype(np.int64)
+        return np.where(count > 0, donor, np.arange(n, dtype=np.int64))
 
     def context_indices(self, index: int, side: str = "src") -> List[int]:
-        """Corpus indices of the context sentences of ``index`` (in order)."""
+        """Corpus indices of the context sentences of ``index`` (in order),
+        after truncation (a partially kept sentence is included)."""
         win = self.windows.get(side)
         if win is None:
             return []
+        a = self._anchor(index, side)
         p_lo, p_hi, n_lo, n_hi = win
-        if self.donor is not None and (p_hi[index] - p_lo[index]) + (n_hi[index] - n_lo[index]) > 0:
-            index = int(self.donor[index])
-        return list(range(p_lo[index], p_hi[index])) + list(range(n_lo[index], n_hi[index]))
+        part = self.partial[side][a]
+        if part == PARTIAL_PREV:
+            return [int(p_hi[a]) - 1]
+        if part == PARTIAL_NEXT:
+            return [int(n_lo[a])]
+        return list(range(p_lo[a], p_hi[a])) + list(range(n_lo[a], n_hi[a]))
 
     def _sentence(self, side: str, j: int) -> torch.Tensor:
-        if side == "src":
-            return self.base.src[j]
-        return (self.tgt_context if self.tgt_context is not None else self.base.tgt)[j]
+        return self._sentences(side)[j]
 
     def context_tokens(self, index: int, side: str = "src") -> torch.Tensor:
         """The 1-D context of one sentence: ``s_1 SEP s_2 SEP ... s_n`` with
         ``SEP`` ending each sentence and ``</s>`` the whole context (with the
-        default separator ``</s>`` these coincide); empty without context."""
+        default separator ``</s>`` these coincide); empty without context;
+        cut to the maximum context length nearest sentences first."""
         ids = self.context_indices(index, side)
         if not ids:
             return torch.empty(0, dtype=torch.long)
@@ -269,13 +400,13 @@ class DocumentContextDataset(FairseqDataset):
             parts.append(torch.tensor([self.separator], dtype=torch.long))
         ctx = torch.cat(parts)
         ctx[-1] = self.eos
-        limit = self.max_src_context_tokens if side == "src" else self.max_tgt_context_tokens
-        if limit is not None and ctx.numel() > limit:
-            p_lo, p_hi, n_lo, n_hi = self.windows[side]
-            if n_hi[index] == n_lo[index]:  # previous sentences only: keep the nearest
-                ctx = ctx[-limit:]
-            else:
-                ctx = torch.cat([ctx[:limit - 1], ctx.new_tensor([self.eos])])
+        limit = self.max_context_tokens[side]
+        part = self.partial[side][self._anchor(index, side)]
+        if part == PARTIAL_PREV:  # the end of the previous sentence
+            ctx = ctx[-limit:]
+        elif part == PARTIAL_NEXT:  # the beginning of the next sentence
+            ctx = torch.cat([ctx[:limit - 1], ctx.new_tensor([self.eos])])
+        assert limit is None or ctx.numel() <= limit
         if self.ablation == "random":
             d = self.src_dict if side == "src" else self.tgt_dict
             words = (ctx != self.separator) & (ctx != self.eos)
@@ -287,19 +418,18 @@ class DocumentContextDataset(FairseqDataset):
     def context_sent_offsets(self, index: int, side: str = "src") -> torch.Tensor:
         """Per context token the signed sentence offset from ``index``."""
         ids = self.context_indices(index, side)
-        ctx_len = self.context_tokens(index, side).numel()
         if not ids:
             return torch.empty(0, dtype=torch.long)
-        anchor = int(self.donor[index]) if self.donor is not None else index
+        anchor = self._anchor(index, side)
+        part = self.partial[side][anchor]
+        if part != PARTIAL_NONE:
+            return torch.full((int(self.context_length[side][index]),), ids[0] - anchor,
+                              dtype=torch.long)
         lens = []
         for j in ids:
             s = self._sentence(side, j)
             lens.append(int(s.numel()) - (1 if s.numel() and int(s[-1]) == self.eos else 0) + 1)
-        offs = torch.repeat_interleave(torch.tensor([j - anchor for j in ids]), torch.tensor(lens))
-        if offs.numel() > ctx_len:  # truncated
-            p_lo, p_hi, n_lo, n_hi = self.windows[side]
-            offs = offs[-ctx_len:] if n_hi[index] == n_lo[index] else offs[:ctx_len]
-        return offs
+        return torch.repeat_interleave(torch.tensor([j - anchor for j in ids]), torch.tensor(lens))
 
     # ------------------------------------------------------------ FairseqDataset
     def __getitem__(self, index):
@@ -344,11 +474,36 @@ class DocumentContextDataset(FairseqDataset):
             ni["src_ctx_sent_offsets"] = offs
         return batch
 
+    # ---------------------------------------------------------------- sizes
+    def _part_lengths(self, indices: np.ndarray) -> np.ndarray:
+        """``len(indices) x 4``: source, source context, target, target
+        context tokens (0 where a part is absent)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        out = np.zeros((len(indices), 4), dtype=np.int64)
+        out[:, 0] = np.asarray(self.base.src_sizes, dtype=np.int64)[indices]
+        if self.base.tgt_sizes is not None:
+            out[:, 2] = np.asarray(self.base.tgt_sizes, dtype=np.int64)[indices]
+        if "src" in self.context_length:
+            out[:, 1] = self.context_length["src"][indices]
+        if "tgt" in self.context_length:
+            out[:, 3] = self.context_length["tgt"][indices]
+        return out
+
+    #: which parts are padded together into one side's tensors
+    SIDES = ((0, 1), (2, 3))
+
+    def _sides(self):
+        """Parts that exist: context tensors are one column even when empty."""
+        src = (0, 1) if "src" in self.windows else (0,)
+        tgt = (2, 3) if "tgt" in self.windows else (2,)
+        return (src, tgt)
+
     def num_tokens(self, index):
-        return self.base.num_tokens(index)
+        return int(self.num_tokens_vec(np.array([index]))[0])
 
     def num_tokens_vec(self, indices):
-        return self.base.num_tokens_vec(indices)
+        p = self._part_lengths(indices)
+        return np.maximum(p[:, 0] + p[:, 1], p[:, 2] + p[:, 3])
 
     def size(self, index):
         return self.base.size(index)
@@ -373,17 +528,27 @@ class DocumentContextDataset(FairseqDataset):
 
     def set_epoch(self, epoch):
         super().set_epoch(epoch)
+        self.epoch = int(epoch)
         if hasattr(self.base, "set_epoch"):
             self.base.set_epoch(epoch)
 
     def ordered_indices(self):
-        """Sentence-level: the base order (by length). Document batching:
-        documents in random order (when the base shuffles) or corpus order,
-        sentences in document order."""
+        """Sentence-level: the base order (by length), or with context by
+        total length (context included). Document batching: documents in a
+        random order that changes every epoch (seeded by the seed and the
+        epoch, the same on every worker) when the base shuffles, corpus order
+        otherwise; sentences in document order."""
         if not self.document_batching:
-            return self.base.ordered_indices()
+            if not self.windows:
+                return self.base.ordered_indices()
+            order = (np.random.permutation(len(self)) if self.base.shuffle
+                     else np.arange(len(self), dtype=np.int64))
+            return order[np.argsort(self.num_tokens_vec(order), kind="mergesort")]
         n_docs = len(self.doc_start)
-        order = np.random.permutation(n_docs) if self.base.shuffle else np.arange(n_docs)
+        if self.base.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch, 104729]).permutation(n_docs)
+        else:
+            order = np.arange(n_docs)
         lens = self.doc_len[order]
         starts = np.repeat(self.doc_start[order], lens)
         offsets = np.arange(lens.sum(), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
@@ -391,51 +556,124 @@ class DocumentContextDataset(FairseqDataset):
 
     def batch_by_size(self, indices, max_tokens=None, max_sentences=None,
                       required_batch_size_multiple=1):
-        if not self.document_batching:
+        indices = np.asarray(indices, dtype=np.int64)
+        if self.document_batching:
+            return document_batches(indices, self.doc_index, self._part_lengths(indices),
+                                    max_tokens, max_sentences, sides=self._sides())
+        if not self.windows:
             return super().batch_by_size(indices, max_tokens=max_tokens,
                                          max_sentences=max_sentences,
                                          required_batch_size_multiple=required_batch_size_multiple)
-        return document_batches(indices, self.doc_index, self.num_tokens_vec(indices),
-                                max_tokens, max_sentences)
+        return context_batches(indices, self._part_lengths(indices), max_tokens, max_sentences,
+                               required_batch_size_multiple, sides=self._sides())
+
+
+def _too_large(index: int, parts: np.ndarray, cost: int, max_tokens) -> ValueError:
+    return ValueError(
+        f"sentence {index} with its context needs {cost} tokens (source {parts[0]}, source "
+        f"context {parts[1]}, target {parts[2]}, target context {parts[3]}), more than "
+        f"--max-tokens {max_tokens}; raise --max-tokens or use a smaller context "
+        "(--source-context-size / --target-context-size / --max-source-positions)")
+
+
+def context_batches(indices: np.ndarray, parts: np.ndarray, max_tokens: Optional[int] = None,
+                    max_sentences: Optional[int] = None, required_batch_size_multiple: int = 1,
+                    sides: Sequence[Sequence[int]] = DocumentContextDataset.SIDES
+                    ) -> List[np.ndarray]:
+    """fairseq's greedy batching over ``indices`` (in order) with the padded
+    size of every tensor counted (:func:`padded_cost`): sentence, context,
+    both sides. A batch that overflows is cut to a multiple of
+    ``required_batch_size_multiple`` where possible, as fairseq does; the last
+    batch is kept whatever its size. A sentence that alone exceeds
+    ``max_tokens`` is an error."""
+    max_tokens = math.inf if not max_tokens else max_tokens
+    max_sentences = math.inf if not max_sentences else max_sentences
+    mult = max(1, int(required_batch_size_multiple or 1))
+    parts = np.asarray(parts, dtype=np.int64)
+    rows = parts.tolist()
+    batches: List[np.ndarray] = []
+    start = 0
+    maxima = [0, 0, 0, 0]
+    members: List[List[int]] = []  # part lengths of the current batch's sentences
+    for pos, row in enumerate(rows):
+        alone = padded_cost(1, row, sides)
+        if alone > max_tokens:
+            raise _too_large(int(indices[pos]), row, alone, max_tokens)
+        new = [max(a, b) for a, b in zip(maxima, row)]
+        count = len(members) + 1
+        if members and (count > max_sentences or padded_cost(count, new, sides) > max_tokens):
+            n = len(members)
+            keep = n if n < mult else n - n % mult
+            batches.append(indices[start:start + keep])
+            start += keep
+            members = members[keep:]
+            maxima = [max((m[p] for m in members), default=0) for p in range(4)]
+            new = [max(a, b) for a, b in zip(maxima, row)]
+        members.append(row)
+        maxima = new
+    if start < len(indices):
+        batches.append(indices[start:])
+    return batches
 
 
 def document_batches(indices: np.ndarray, doc_index: np.ndarray, num_tokens: np.ndarray,
-                     max_tokens: Optional[int] = None,
-                     max_sentences: Optional[int] = None) -> List[np.ndarray]:
+                     max_tokens: Optional[int] = None, max_sentences: Optional[int] = None,
+                     sides: Optional[Sequence[Sequence[int]]] = None) -> List[np.ndarray]:
     """Pack runs of same-document ``indices`` (in the given order) into
-    batches of whole documents whose padded size ``n_sentences x longest``
-    stays within ``max_tokens`` and ``n_sentences`` within ``max_sentences``;
-    a document too large on its own is cut into consecutive chunks that fit
-    (a single sentence longer than ``max_tokens`` forms its own batch)."""
+    batches of whole documents whose padded size stays within ``max_tokens``
+    and ``n_sentences`` within ``max_sentences``; a document too large on its
+    own is cut into consecutive chunks that fit. ``num_tokens`` is one length
+    per index (padded size ``n_sentences x longest``) or ``len x P`` part
+    lengths whose padded sizes are added per side (``sides``, see
+    :func:`padded_cost`). A single sentence larger than ``max_tokens`` is an
+    error when part lengths are given, and a batch of its own otherwise."""
     indices = np.asarray(indices, dtype=np.int64)
     if len(indices) == 0:
         return []
     max_tokens = math.inf if not max_tokens else max_tokens
     max_sentences = math.inf if not max_sentences else max_sentences
     ntok = np.asarray(num_tokens, dtype=np.int64)
+    strict = ntok.ndim == 2
+    if not strict:
+        ntok = ntok[:, None]
+        sides = ((0,),)
+    elif sides is None:
+        sides = DocumentContextDataset.SIDES
+
+    def cost(count, maxima):  # vectorised over candidate batch sizes
+        count = np.asarray(count)
+        return np.max([count * np.sum([np.maximum(maxima[..., p], 1) for p in side], axis=0)
+                       for side in sides], axis=0)
+
+    if strict:
+        alone = cost(np.ones(len(ntok), dtype=np.int64), ntok)
+        if (alone > max_tokens).any():
+            k = int(np.argmax(alone > max_tokens))
+            raise _too_large(int(indices[k]), ntok[k].tolist(), int(alone[k]), max_tokens)
     doc = doc_index[indices]
     bounds = np.concatenate([[0], np.flatnonzero(doc[1:] != doc[:-1]) + 1, [len(indices)]])
     batches: List[np.ndarray] = []
-    cur_start, cur_n, cur_max = 0, 0, 0
+    cur_start, cur_n = 0, 0
+    cur_max = np.zeros(ntok.shape[1], dtype=np.int64)
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        n, run_max = b - a, int(ntok[a:b].max())
-        new_max = max(cur_max, run_max)
-        if cur_n and ((cur_n + n) * new_max > max_tokens or cur_n + n > max_sentences):
+        n, run_max = b - a, ntok[a:b].max(axis=0)
+        new_max = np.maximum(cur_max, run_max)
+        if cur_n and (cost(cur_n + n, new_max) > max_tokens or cur_n + n > max_sentences):
             batches.append(indices[cur_start:a])
-            cur_start, cur_n, cur_max = a, 0, 0
-        if n * run_max <= max_tokens and n <= max_sentences:
-            cur_n, cur_max = cur_n + n, max(cur_max, run_max)
+            cur_start, cur_n, cur_max = a, 0, np.zeros_like(cur_max)
+        if cost(n, run_max) <= max_tokens and n <= max_sentences:
+            cur_n, cur_max = cur_n + n, np.maximum(cur_max, run_max)
             continue
         # the document alone does not fit: consecutive chunks (current batch is empty)
         j = a
         while j < b:
-            running = np.maximum.accumulate(ntok[j:b])
+            running = np.maximum.accumulate(ntok[j:b], axis=0)
             count = np.arange(1, b - j + 1)
-            fits = (count * running <= max_tokens) & (count <= max_sentences)
+            fits = (cost(count, running) <= max_tokens) & (count <= max_sentences)
             take = max(1, int(np.argmin(fits)) if not fits.all() else b - j)
             batches.append(indices[j:j + take])
             j += take
-        cur_start, cur_n, cur_max = b, 0, 0
+        cur_start, cur_n, cur_max = b, 0, np.zeros_like(cur_max)
     if cur_n:
         batches.append(indices[cur_start:])
     return batches

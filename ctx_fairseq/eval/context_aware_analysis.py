@@ -65,15 +65,29 @@ def load_document_model(ckpt: str, data: str, ablation: str = "none", cpu: bool 
     return model, task
 
 
+def check_target_context(task, gold_target_context: bool, what: str) -> None:
+    """Reference translations are never used as target context unless asked:
+    a model trained with target context needs ``gold_target_context``."""
+    if task.cfg.target_context_size > 0 and not gold_target_context:
+        raise ValueError(
+            f"{what}: the checkpoint uses target context (--target-context-size "
+            f"{task.cfg.target_context_size}); this analysis would take it from the reference "
+            "translations: pass --gold-target-context to accept that, or (BLEU) "
+            "--target-context-file FILE with the hypotheses of an earlier pass")
+
+
 def contrastive_with_context(ckpt: str, data: str, jsonl: str, ablation: str = "none",
-                             split: str = "test", batch_size: int = 64, cpu: bool = True) -> Dict:
+                             split: str = "test", batch_size: int = 64, cpu: bool = True,
+                             gold_target_context: bool = False) -> Dict:
     """``ctx_fairseq.eval.contrastive.evaluate`` with each record's document
     context: record ``id`` is the line of ``{split}.src``, ``doc_id`` is
-    checked against ``{split}.docids``, ``src`` against the binarized line."""
+    checked against ``{split}.docids``, ``src`` against the binarized line.
+    A checkpoint with target context needs ``gold_target_context``."""
     from ctx_fairseq.eval import contrastive
 
     records = contrastive.read_contrastive(jsonl)
     model, task = load_document_model(ckpt, data, ablation=ablation, cpu=cpu)
+    check_target_context(task, gold_target_context, "contrastive scoring")
     task.load_dataset(split)
     ds = task.datasets[split]
     lines = [int(r["id"]) for r in records]
@@ -115,8 +129,12 @@ def _checkpoint_context_args(ckpt: str) -> List[str]:
 
 
 def generate(ckpt: str, data: str, split: str = "test", ablation: str = "none",
-             beam: int = 4, max_tokens: int = 4000, extra: Sequence[str] = ()) -> str:
-    """fairseq-generate in-process; returns what it printed."""
+             beam: int = 4, max_tokens: int = 4000, extra: Sequence[str] = (),
+             gold_target_context: bool = False, target_context_file: Optional[str] = None) -> str:
+    """fairseq-generate in-process; returns what it printed. Target context
+    (for a checkpoint trained with it) comes only from what is asked:
+    ``gold_target_context`` (the references) or ``target_context_file``;
+    with neither, fairseq-generate stops with an error for such a checkpoint."""
     import ctx_fairseq  # noqa: F401
     from fairseq import options
     from fairseq_cli import generate as fs_generate
@@ -124,7 +142,11 @@ def generate(ckpt: str, data: str, split: str = "test", ablation: str = "none",
     argv = [data, "--user-dir", USER_DIR, "--task", "document_translation", "--path", ckpt,
             "--gen-subset", split, "--beam", str(beam), "--max-tokens", str(max_tokens),
             "--num-workers", "0", *_checkpoint_context_args(ckpt),
-            "--context-ablation", ablation, "--gold-target-context", *extra]
+            "--context-ablation", ablation, *extra]
+    if gold_target_context:
+        argv.append("--gold-target-context")
+    if target_context_file:
+        argv += ["--target-context-file", target_context_file]
     args = options.parse_args_and_arch(options.get_generation_parser(), argv)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -133,12 +155,16 @@ def generate(ckpt: str, data: str, split: str = "test", ablation: str = "none",
 
 
 def bleu_true_vs_shuffled(ckpt: str, data: str, split: str = "test", beam: int = 4,
-                          out_dir: Optional[str] = None, extra: Sequence[str] = ()) -> Dict:
+                          out_dir: Optional[str] = None, extra: Sequence[str] = (),
+                          gold_target_context: bool = False,
+                          target_context_file: Optional[str] = None) -> Dict:
     from ctx_fairseq.eval.generate_output import corpus_bleu, read_generate_output
 
     result = {"checkpoint": ckpt, "split": split, "beam": beam}
     for ablation in ("none", "shuffled"):
-        text = generate(ckpt, data, split, ablation, beam, extra=extra)
+        text = generate(ckpt, data, split, ablation, beam, extra=extra,
+                        gold_target_context=gold_target_context,
+                        target_context_file=target_context_file)
         path = os.path.join(out_dir or ".", f"generate-{split}-{ablation}.txt")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
@@ -302,7 +328,14 @@ def get_parser() -> argparse.ArgumentParser:
         s.add_argument("--split", default="test", help="(default: test)")
         s.add_argument("--out-dir", default=".", help="where the table/JSON/PNG go")
         s.add_argument("--png", action="store_true", help="also write a plot")
+        if name in ("bleu", "contrastive"):
+            s.add_argument("--gold-target-context", action="store_true",
+                           help="for a checkpoint with target context: take it from the "
+                                "reference translations (never done unless asked)")
         if name == "bleu":
+            s.add_argument("--target-context-file", default=None,
+                           help="for a checkpoint with target context: hypotheses of an "
+                                "earlier pass, one per line of the split")
             s.add_argument("--beam", type=int, default=4)
             s.add_argument("--generate-args", default="",
                            help="further fairseq-generate options, e.g. '--max-len-b 50'")
@@ -322,16 +355,20 @@ def cli_main(argv: Optional[Sequence[str]] = None) -> Dict:
     try:
         if a.command == "bleu":
             result = bleu_true_vs_shuffled(a.path, a.data, a.split, a.beam, out_dir=a.out_dir,
-                                           extra=shlex.split(a.generate_args))
+                                           extra=shlex.split(a.generate_args),
+                                           gold_target_context=a.gold_target_context,
+                                           target_context_file=a.target_context_file)
             table = format_bleu(result)
         elif a.command == "attention":
             model, task = load_document_model(a.path, a.data)
+            check_target_context(task, False, "attention analysis")
             result = context_attention_stats(model, task, a.split, a.max_tokens, a.top_k,
                                              a.min_count)
             table = format_attention(result)
         else:
             result = {k: contrastive_with_context(a.path, a.data, a.contrastive, ablation=abl,
-                                                  split=a.split)
+                                                  split=a.split,
+                                                  gold_target_context=a.gold_target_context)
                       for k, abl in (("true", "none"), ("shuffled", "shuffled"))}
             table = format_contrastive(result)
     except (OSError, ValueError) as err:

@@ -31,17 +31,46 @@ Options (besides those of ``translation``):
     at generation time, target context from the references or from a file of
     hypotheses of an earlier pass (one line per sentence, corpus order);
     ``fairseq-generate`` with ``--target-context-size > 0`` needs one of them.
+    The file applies to the generation split (``--gen-subset``) only: loading
+    any other split with it is an error (training and validation take target
+    context from the references).
+
+Batch sizes count the context tokens (see
+:class:`~ctx_fairseq.data.document_dataset.DocumentContextDataset`):
+``--max-tokens`` bounds the padded source + source context (and target +
+target context) tensors of every batch. Contexts longer than
+``--max-source-positions`` / ``--max-target-positions`` keep the sentences
+nearest the current one; how many tokens were cut is logged once per split.
+
+``fairseq-interactive``: the input is read as documents, one sentence per
+line, a blank line starting a new document (and printing nothing). Context
+is kept across ``--buffer-size`` buffers; only previous-sentence context can
+be built line by line (``--context-direction prev`` or ``--document-context
+online``; anything else is an error). Target context is the model's own
+translations of the previous sentences of the document. fairseq-interactive
+hands the task only the source tokens of a batch; :meth:`inference_step`
+restores the batch's context inputs from the task's dataset (and checks that
+the source tokens are the ones expected) instead of letting the model run
+without context.
+
+Two-stage training: ``--init-from-sentence-checkpoint`` is read when the model
+is built for a new run only; when fairseq will restore a checkpoint
+(``checkpoint_last.pt`` in ``--save-dir``, ``--restore-file``,
+``--finetune-from-model``), the initialisation is skipped and not re-read.
 """
 
 import inspect
 import logging
 import os
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 import torch
 from fairseq import utils
-from fairseq.data import LanguagePairDataset, data_utils
+from fairseq.data import FairseqDataset, LanguagePairDataset, data_utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
@@ -86,6 +115,11 @@ class DocumentTranslationConfig(TranslationConfig):
         default=None, metadata={"help": "generation: target context from this file of "
                                         "hypotheses (one per line, corpus order)"})
     seed: int = II("common.seed")
+    gen_subset: str = II("dataset.gen_subset")
+    save_dir: str = II("checkpoint.save_dir")
+    restore_file: str = II("checkpoint.restore_file")
+    checkpoint_suffix: str = II("checkpoint.checkpoint_suffix")
+    finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
 
 
 def _symbol_index(dictionary, symbol: str, which: str) -> int:
@@ -111,12 +145,118 @@ def read_target_context_file(path: str, dictionary, expected: int) -> List[torch
             for line in lines]
 
 
+class InteractiveDocumentView(FairseqDataset):
+    """One ``fairseq-interactive`` buffer seen through the document's dataset.
+
+    ``full`` is a :class:`DocumentContextDataset` over the previous sentences
+    of the current document (kept from earlier buffers) followed by this
+    buffer's non-blank lines; item ``i`` of the view is buffer line ``i``
+    (``line_to_full[i]`` in ``full``; -1 for a blank line, which only ends a
+    document and is never batched). Ids are buffer-local, as
+    fairseq-interactive expects."""
+
+    def __init__(self, full: DocumentContextDataset, line_to_full: np.ndarray):
+        super().__init__()
+        self.full = full
+        self.line_to_full = np.asarray(line_to_full, dtype=np.int64)
+        self.full_to_line = {int(f): i for i, f in enumerate(self.line_to_full) if f >= 0}
+
+    def __len__(self):
+        return len(self.line_to_full)
+
+    def __getitem__(self, i):
+        item = self.full[int(self.line_to_full[i])]
+        item["id"] = i
+        return item
+
+    def collater(self, samples, pad_to_length=None):
+        full = [dict(s, id=int(self.line_to_full[s["id"]])) for s in samples]
+        batch = self.full.collater(full)
+        if batch:
+            batch["id"] = torch.tensor([self.full_to_line[int(f)] for f in batch["id"].tolist()])
+        return batch
+
+    def _map(self, indices):
+        return self.line_to_full[np.asarray(indices, dtype=np.int64)].astype(np.int64)
+
+    def _back(self, full_indices):
+        return np.array([self.full_to_line[int(f)] for f in full_indices], dtype=np.int64)
+
+    def num_tokens(self, i):
+        return self.full.num_tokens(int(self.line_to_full[i]))
+
+    def num_tokens_vec(self, indices):
+        return self.full.num_tokens_vec(self._map(indices))
+
+    def size(self, i):
+        return self.full.size(int(self.line_to_full[i]))
+
+    @property
+    def sizes(self):
+        if self.full is None:
+            return np.zeros(len(self), dtype=np.int64)
+        return self.full.sizes[np.maximum(self.line_to_full, 0)]
+
+    def ordered_indices(self):
+        return np.flatnonzero(self.line_to_full >= 0).astype(np.int64)
+
+    def filter_indices_by_size(self, indices, max_sizes):
+        if len(indices) == 0:
+            return np.asarray(indices, dtype=np.int64), []
+        kept, ignored = self.full.filter_indices_by_size(self._map(indices), max_sizes)
+        return self._back(kept), list(self._back(ignored))
+
+    def batch_by_size(self, indices, max_tokens=None, max_sentences=None,
+                      required_batch_size_multiple=1):
+        if len(indices) == 0:
+            return []
+        batches = self.full.batch_by_size(self._map(indices), max_tokens=max_tokens,
+                                          max_sentences=max_sentences,
+                                          required_batch_size_multiple=required_batch_size_multiple)
+        return [self._back(b) for b in batches]
+
+    @property
+    def can_reuse_epoch_itr_across_epochs(self):
+        return False
+
+    def set_epoch(self, epoch):
+        pass
+
+
+class InteractiveDocumentState:
+    """What ``fairseq-interactive`` needs between buffers: the source
+    sentences of the current document, the model's translations of them (for
+    target context), a document counter, and the batches expected next (in
+    the order fairseq-interactive runs them)."""
+
+    def __init__(self, keep: Optional[int]):
+        self.keep = keep  # sentences of context to keep (None: the whole document)
+        self.src: List[torch.Tensor] = []
+        self.hyp: List[Optional[torch.Tensor]] = []
+        self.doc = 0
+        self.positions: Dict[int, int] = {}
+        self.expected: Deque[Tuple[InteractiveDocumentView, np.ndarray]] = deque()
+
+    def trim(self):
+        if self.keep is not None and len(self.src) > self.keep:
+            self.src, self.hyp = self.src[-self.keep:], self.hyp[-self.keep:]
+
+
 @register_task("document_translation", dataclass=DocumentTranslationConfig)
 class DocumentTranslationTask(TranslationTask):
     """Translation with document structure and context sentences in
     ``net_input`` (see the module docstring)."""
 
     cfg: DocumentTranslationConfig
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self._interactive: Optional[InteractiveDocumentState] = None
+        self._truncation_logged = set()
+
+    @property
+    def uses_context(self) -> bool:
+        return self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0
 
     def _data_path(self, split: str, epoch: int) -> str:
         paths = utils.split_paths(self.cfg.data)
@@ -145,14 +285,22 @@ class DocumentTranslationTask(TranslationTask):
             max_tgt_context_tokens=c.max_target_positions, docids_path=docids_path)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        tgt_file = self.cfg.target_context_file
+        if tgt_file and (split != self.cfg.gen_subset or split == self.cfg.train_subset):
+            raise ValueError(
+                f"--target-context-file {tgt_file} is for generation only (it applies to "
+                f"--gen-subset {self.cfg.gen_subset}), but split {split!r} is being loaded; "
+                "training and validation take target context from the references")
+        if tgt_file and self.cfg.target_context_size <= 0:
+            raise ValueError(f"--target-context-file {tgt_file} given, but "
+                             "--target-context-size is 0: the file would not be used")
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         base = self.datasets[split]
         path = os.path.join(self._data_path(split, epoch), f"{split}.docids")
         doc_ids = read_docids(path, expected=len(base))
         tgt_context = None
-        if self.cfg.target_context_size > 0 and self.cfg.target_context_file:
-            tgt_context = read_target_context_file(self.cfg.target_context_file, self.tgt_dict,
-                                                   len(base))
+        if self.cfg.target_context_size > 0 and tgt_file:
+            tgt_context = read_target_context_file(tgt_file, self.tgt_dict, len(base))
         self.datasets[split] = self.wrap(base, doc_ids, path, tgt_context)
         ds = self.datasets[split]
         logger.info(f"{split}: {len(ds)} sentences in {len(ds.doc_start)} documents "
@@ -160,14 +308,143 @@ class DocumentTranslationTask(TranslationTask):
                     f"{self.cfg.target_context_size}, direction {self.cfg.context_direction}, "
                     f"document context {self.cfg.document_context}, ablation "
                     f"{self.cfg.context_ablation}")
+        self._log_truncation(split, ds)
 
+    def _log_truncation(self, split: str, ds: DocumentContextDataset) -> None:
+        """Once per split: how many context tokens the length limit cut."""
+        if split in self._truncation_logged:
+            return
+        self._truncation_logged.add(split)
+        for side, (sentences, cut, total) in ds.truncation.items():
+            name = "source" if side == "src" else "target"
+            limit = ds.max_context_tokens[side]
+            if cut:
+                logger.warning(
+                    f"{split}: {name} context longer than {limit} tokens for {sentences} of "
+                    f"{len(ds)} sentences; kept the sentences nearest each one, cut {cut} of "
+                    f"{total} context tokens ({100.0 * cut / max(total, 1):.1f}%)")
+            else:
+                logger.info(f"{split}: no {name} context cut ({total} context tokens, "
+                            f"limit {limit} per sentence)")
+
+    # ------------------------------------------------------------ interactive
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        """fairseq-interactive: the input lines form one document."""
-        base = LanguagePairDataset(src_tokens, src_lengths, self.source_dictionary,
-                                   tgt_dict=self.target_dictionary, constraints=constraints)
-        if self.cfg.target_context_size > 0:
-            raise ValueError("--target-context-size > 0 is not supported interactively")
-        return self.wrap(base, ["interactive"] * len(base), "<interactive input>")
+        """``fairseq-interactive``: the input lines are sentences of a document,
+        in order; a blank line starts a new document. Context is kept across
+        calls (buffers)."""
+        c = self.cfg
+        if self.uses_context and (c.document_context == "offline" or (
+                c.document_context == "none" and c.context_direction != "prev")):
+            raise ValueError(
+                "fairseq-interactive reads a document line by line, so only context from "
+                "previous sentences can be built (--context-direction prev or --document-context "
+                "online); for following-sentence context translate the binarized document with "
+                "fairseq-generate --task document_translation")
+        if constraints is not None:
+            raise ValueError("--constraints is not supported with --task document_translation")
+        if self._interactive is None:
+            keep = None if c.document_context == "online" else max(c.source_context_size,
+                                                                     c.target_context_size)
+            self._interactive = InteractiveDocumentState(keep)
+        st = self._interactive
+        st.trim()
+        eos = self.source_dictionary.eos()
+        sents, hyps = list(st.src), list(st.hyp)
+        doc_ids = [f"doc{st.doc}"] * len(sents)
+        line_to_full = []
+        for t in src_tokens:
+            t = torch.as_tensor(t).long()
+            if t.numel() == 0 or (t.numel() == 1 and int(t[0]) == eos):  # blank: new document
+                st.doc += 1
+                st.src, st.hyp = [], []
+                line_to_full.append(-1)
+                continue
+            line_to_full.append(len(sents))
+            sents.append(t)
+            hyps.append(None)
+            doc_ids.append(f"doc{st.doc}")
+            st.src.append(t)
+            st.hyp.append(None)
+        # full-dataset index -> position in the state's current document
+        first = len(sents) - len(st.src)
+        st.positions = {first + k: k for k in range(len(st.src))}
+        if not sents:  # only blank lines
+            return InteractiveDocumentView(None, np.full(len(line_to_full), -1))
+        tgt_context = None
+        if c.target_context_size > 0:
+            empty = torch.tensor([self.target_dictionary.eos()], dtype=torch.long)
+            tgt_context = [h if h is not None else empty for h in hyps]
+        base = LanguagePairDataset(sents, np.array([len(x) for x in sents], dtype=np.int64),
+                                   self.source_dictionary, tgt_dict=self.target_dictionary,
+                                   shuffle=False)
+        full = self.wrap(base, doc_ids, "<interactive input>", tgt_context)
+        return InteractiveDocumentView(full, np.array(line_to_full, dtype=np.int64))
+
+    def _restore_interactive_sample(self, sample):
+        """fairseq-interactive passes only ``src_tokens``/``src_lengths``: take
+        the batch it runs (the next expected one), collate it with context,
+        check the source tokens, and use that ``net_input``."""
+        st = self._interactive
+        if st is None or not st.expected:
+            raise ValueError(
+                "document_translation: a batch without its context inputs (no src_ctx_tokens / "
+                "tgt_ctx_tokens) reached the model, which would translate it without context; "
+                "build batches with the task's dataset (fairseq-generate / fairseq-interactive "
+                "--task document_translation)")
+        view, ids = st.expected.popleft()
+        batch = view.collater([view[int(i)] for i in ids])
+        given = sample["net_input"]["src_tokens"]
+        if not torch.equal(batch["net_input"]["src_tokens"], given.cpu()):
+            raise RuntimeError("document_translation: fairseq-interactive ran a batch other than "
+                               "the one expected; cannot attach its context")
+        net_input = {k: (v.to(given.device) if torch.is_tensor(v) else v)
+                     for k, v in batch["net_input"].items()}
+        restored = dict(sample)
+        restored["net_input"] = net_input
+        restored["id"] = batch["id"]
+        restored["_view"] = view
+        return restored
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        if not self.uses_context:
+            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
+        ni = sample["net_input"]
+        key = "src_ctx_tokens" if self.cfg.source_context_size > 0 else "tgt_ctx_tokens"
+        if key not in ni:
+            sample = self._restore_interactive_sample(sample)
+        view = sample.pop("_view", None)
+        if view is None or self.cfg.target_context_size <= 0:
+            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
+        return self._sequential_step(view, generator, models, sample, prefix_tokens, constraints)
+
+    def _sequential_step(self, view, generator, models, sample, prefix_tokens, constraints):
+        """Interactive target context: translate the batch's sentences one at
+        a time in document order, each with the model's translations of the
+        previous ones as target context."""
+        st, full = self._interactive, view.full
+        ni = sample["net_input"]
+        bsz = ni["src_tokens"].size(0)
+        rows = sorted(range(bsz), key=lambda r: int(view.line_to_full[int(sample["id"][r])]))
+        out = [None] * bsz
+        for r in rows:
+            f = int(view.line_to_full[int(sample["id"][r])])
+            full.refresh_context_lengths()
+            one = {k: (v[r:r + 1] if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == bsz
+                       else v) for k, v in ni.items()}
+            ctx = full.collate_context([full.context_tokens(f, "tgt")], "tgt")
+            one.update({k: v.to(ni["src_tokens"].device) for k, v in ctx.items()})
+            s1 = {"id": sample["id"][r:r + 1], "nsentences": 1, "net_input": one}
+            hyp = super().inference_step(
+                generator, models, s1,
+                prefix_tokens[r:r + 1] if prefix_tokens is not None else None,
+                constraints[r:r + 1] if constraints is not None else None)[0]
+            out[r] = hyp
+            best = hyp[0]["tokens"].detach().long().cpu()
+            full.tgt_context[f] = best
+            k = st.positions.get(f)
+            if k is not None and k < len(st.hyp):
+                st.hyp[k] = best
+        return out
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None,
                            max_positions=None, ignore_invalid_inputs=False,
@@ -175,6 +452,17 @@ class DocumentTranslationTask(TranslationTask):
                            num_workers=0, epoch=1, data_buffer_size=0,
                            disable_iterator_cache=False, skip_remainder_batch=False,
                            grouped_shuffling=False, update_epoch_batch_itr=False):
+        if isinstance(dataset, InteractiveDocumentView):
+            # fairseq-interactive: remember the batches in the order they will run
+            itr = super().get_batch_iterator(
+                dataset, max_tokens=max_tokens, max_sentences=max_sentences,
+                max_positions=max_positions, ignore_invalid_inputs=ignore_invalid_inputs,
+                required_batch_size_multiple=required_batch_size_multiple, seed=seed,
+                num_shards=num_shards, shard_id=shard_id, num_workers=num_workers, epoch=epoch,
+                data_buffer_size=data_buffer_size, disable_iterator_cache=True)
+            self._interactive.expected = deque(
+                (dataset, np.asarray(b, dtype=np.int64)) for b in itr.frozen_batches if len(b))
+            return itr
         doc_sharding = (isinstance(dataset, DocumentContextDataset) and dataset.document_batching
                         and num_shards > 1)
         if not doc_sharding:
@@ -224,15 +512,41 @@ class DocumentTranslationTask(TranslationTask):
                     "architecture or --source-context-size 0 --target-context-size 0")
         path = getattr(cfg, "init_from_sentence_checkpoint", None)
         if path and not from_checkpoint and hasattr(model, "load_sentence_checkpoint"):
-            model.load_sentence_checkpoint(path)
+            restore = self.checkpoint_to_restore()
+            if restore:
+                logger.info(f"--init-from-sentence-checkpoint {path} not read: the run restores "
+                            f"{restore}, which already holds the initialised model")
+            else:
+                model.load_sentence_checkpoint(path)
         if self.cfg.target_context_size > 0 and not getattr(model, "uses_target_context", False):
             logger.warning(f"{type(model).__name__} does not use target context; "
                            "--target-context-size only costs time")
         return model
 
+    def checkpoint_to_restore(self) -> Optional[str]:
+        """The checkpoint fairseq-train will restore after building the model
+        (as ``fairseq.checkpoint_utils.load_checkpoint`` chooses it), or None
+        for a new run."""
+        c = self.cfg
+        try:
+            save_dir, restore = c.save_dir, c.restore_file
+            suffix = c.checkpoint_suffix or ""
+            finetune = c.finetune_from_model
+        except Exception:  # no checkpoint options (a task built outside fairseq's CLIs)
+            return None
+        if not save_dir or not restore:
+            return None
+        if restore == "checkpoint_last.pt":
+            candidates = [os.path.join(save_dir, f"checkpoint_last{suffix}.pt"), finetune]
+        else:
+            candidates = [restore.replace(".pt", suffix + ".pt") if suffix else restore]
+        return next((p for p in candidates if p and os.path.isfile(p)), None)
+
     def build_generator(self, models, args, **kwargs):
+        # fairseq-generate loads its split first; fairseq-interactive loads none and
+        # takes target context from the model's own translations
         if (self.cfg.target_context_size > 0 and not self.cfg.gold_target_context
-                and not self.cfg.target_context_file):
+                and not self.cfg.target_context_file and self.datasets):
             raise ValueError("generation with --target-context-size > 0 needs the target "
                              "context: --gold-target-context (references) or "
                              "--target-context-file FILE (hypotheses of an earlier pass)")
