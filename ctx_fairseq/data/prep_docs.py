@@ -1,9 +1,30 @@
 """ctx-prep-docs: turn raw parallel documents into fairseq-preprocess input.
 
-Three input formats (see ``docs/prep_docs.md``):
+Five input formats (see ``docs/prep_docs.md``):
 
-* ``xml``: IWSLT/WMT-style XML, ``<doc docid=...>`` elements holding
+* ``xml``: IWSLT/mteval-style XML, ``<doc docid=...>`` elements holding
   ``<seg id=...>`` elements, one file per language;
+* ``wmt``: WMT test-set XML (WMT21 and later), one file per language pair:
+  ``<dataset>``, optional ``<collection>``, ``<doc id=... origlang=...>``
+  holding one ``<src lang=...>``, ``<ref lang=... translator=...>`` elements
+  and ``<hyp system=...>`` elements, each holding ``<p>`` paragraphs of
+  ``<seg id=...>``. ``--ref-translator NAME`` picks the reference (default:
+  each document's first ``<ref>``; a document without NAME's reference is an
+  error, another reference is never used in its place; a ``<ref>`` without
+  ``translator`` takes the one on its ``<src>``). ``--hyp-system NAME`` also
+  writes ``PREFIX.hyp.{tgt_lang}``, that system's segments line-aligned with
+  the source (empty hypotheses allowed). ``--paragraph-boundaries`` makes
+  each paragraph a document with the id ``DOCID.pN`` (N = 1, 2, ... in the
+  document). References and hypotheses must have the source's segment ids in
+  the same order and paragraphs; ``lang`` attributes must match
+  ``--src-lang``/``--tgt-lang`` (``en`` matches ``en_XX``); documents with a
+  ``testsuite`` attribute (no references) are skipped. Given such a file,
+  ``xml`` mode fails with a message pointing to ``wmt`` mode;
+* ``sgml``: the WMT ``.sgm`` pairs used before 2021 (``<srcset>``/``<refset>``,
+  ``<doc docid=...>``, ``<seg id=...>``), which are not always well-formed
+  XML: read tolerantly (bare ``&`` and ``<`` in text kept, unquoted
+  attributes, missing ``</seg>``/``</doc>``), entities unescaped (see
+  :func:`_parse_sgml`);
 * ``blank-lines``: one sentence per line, a blank line between documents, at
   the same positions in both files;
 * ``docids``: one sentence per line plus a file with the document id of each
@@ -12,16 +33,18 @@ Three input formats (see ``docs/prep_docs.md``):
 Output, for ``--out-prefix PREFIX``: ``PREFIX.{src_lang}``,
 ``PREFIX.{tgt_lang}`` and ``PREFIX.docids`` (the document id of each line),
 ready for ``fairseq-preprocess --source-lang L1 --target-lang L2 --trainpref
-PREFIX``. Everything is read and validated before anything is written; the
-three files are written to temporary names in the output directory and
-renamed into place only when all of them are complete.
+PREFIX`` (plus ``PREFIX.hyp.{tgt_lang}`` for ``wmt --hyp-system``).
+Everything is read and validated before anything is written; the files are
+written to temporary names in the output directory and renamed into place
+only when all of them are complete.
 
 Every problem raises :class:`PrepDocsError`, whose text is
 ``FILE:LINE: what is wrong / what was expected``.
 
-Library entry points: :func:`read_xml_documents`, :func:`read_docids`,
-:func:`load_xml`, :func:`load_blank_lines`, :func:`load_docids`,
-:func:`write_documents` and :func:`prepare_documents`.
+Library entry points: :func:`read_xml_documents`, :func:`read_sgml_documents`,
+:func:`read_docids`, :func:`load_xml`, :func:`load_sgml`, :func:`load_wmt`,
+:func:`load_blank_lines`, :func:`load_docids`, :func:`write_documents`,
+:func:`prepare_documents` and :func:`prepare_wmt`.
 """
 
 import argparse
@@ -32,7 +55,7 @@ import tempfile
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 PROG = "ctx-prep-docs"
-MODES = ("xml", "blank-lines", "docids")
+MODES = ("xml", "sgml", "blank-lines", "docids")
 
 # One document: its id and its sentence pairs (source, target).
 ParallelDoc = Tuple[str, List[Tuple[str, str]]]
@@ -65,6 +88,8 @@ class PrepSummary(NamedTuple):
     sentences: int
     files: Tuple[str, str, str]  # source, target, docids
     line_breaks_replaced: int  # line breaks inside sentences turned into spaces
+    hyp_file: Optional[str] = None  # wmt --hyp-system: PREFIX.hyp.L2
+    note: str = ""  # wmt: which references were used, what was skipped
 
 
 def _clean(text: str) -> Tuple[str, int]:
@@ -115,20 +140,26 @@ def _parse_xml(path: str, allow_empty: bool) -> Tuple[List[_Doc], int, int]:
     cur: Optional[_Doc] = None
     in_seg: Optional[Tuple[str, int]] = None
     replaced = 0
+    root: List[str] = []  # the root element's name, once seen
     parser = ET.XMLPullParser(events=("start", "end"))
 
     def handle(lineno: int) -> None:
         nonlocal cur, in_seg, replaced
         for event, el in parser.read_events():
             name = _local(el.tag)
+            if event == "start" and not root:
+                root.append(name)
+                if name == "dataset":
+                    raise PrepDocsError(path, lineno, _WMT_FILE_HINT)
             if event == "start" and name == "doc":
                 if cur is not None:
                     raise PrepDocsError(path, lineno, f"<doc> inside document {cur.docid} "
                                         f"(line {cur.line}); expected </doc> first")
                 docid = (el.get("docid") or "").strip()
                 if not docid:
+                    hint = f"; {_WMT_FILE_HINT}" if el.get("id") is not None else ""
                     raise PrepDocsError(path, lineno, "<doc> without a docid attribute; "
-                                                      'expected <doc docid="...">')
+                                                      f'expected <doc docid="...">{hint}')
                 _check_docid(docid, path, lineno)
                 if docid in first_line:
                     raise PrepDocsError(path, lineno, f"duplicate document id {docid} "
@@ -178,8 +209,12 @@ def _parse_xml(path: str, allow_empty: bool) -> Tuple[List[_Doc], int, int]:
     except ET.ParseError as err:
         line, col = err.position if getattr(err, "position", None) else (lineno or 1, 0)
         msg = re.sub(r": line \d+, column \d+$", "", str(err))
+        hint = ""
+        if path.lower().endswith(".sgm") or (root and root[0] in ("srcset", "refset", "tstset")):
+            hint = ("; WMT .sgm files are often not well-formed XML: read them with "
+                    "`ctx-prep-docs sgml --src-sgm FILE --tgt-sgm FILE`")
         raise PrepDocsError(path, line, f"malformed XML ({msg}, column {col}); "
-                                        "expected well-formed XML") from None
+                                        f"expected well-formed XML{hint}") from None
     except OSError as err:
         raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
     if not docs:
@@ -218,7 +253,13 @@ def load_xml(src_xml: str, tgt_xml: str, allow_empty: bool = False) -> Tuple[Lis
     order. Returns (documents, line breaks replaced inside segments)."""
     src_docs, src_lines, n1 = _parse_xml(src_xml, allow_empty)
     tgt_docs, tgt_lines, n2 = _parse_xml(tgt_xml, allow_empty)
+    return _align_docs(src_xml, src_docs, src_lines, tgt_xml, tgt_docs, tgt_lines), n1 + n2
 
+
+def _align_docs(src_xml: str, src_docs: Sequence[_Doc], src_lines: int, tgt_xml: str,
+                tgt_docs: Sequence[_Doc], tgt_lines: int) -> List[ParallelDoc]:
+    """Pair the documents of two files (XML or SGML): the same documents in the
+    same order, each with the same segment ids in the same order."""
     for i in range(max(len(src_docs), len(tgt_docs))):
         if i >= len(tgt_docs):
             d = src_docs[i]
@@ -258,7 +299,516 @@ def load_xml(src_xml: str, tgt_xml: str, allow_empty: bool = False) -> Tuple[Lis
     # at the changed line rather than as a duplicate at the next one
     _check_unique_segids(src_xml, src_docs)
     _check_unique_segids(tgt_xml, tgt_docs)
-    return docs, n1 + n2
+    return docs
+
+
+# --------------------------------------------------------------------------
+# WMT .sgm (the "fake SGML" of WMT test sets before 2021)
+
+_SGML_SETS = ("srcset", "refset", "tstset", "mteval")
+_SGML_TAG = re.compile(r"<(/?)([A-Za-z][\w.-]*)((?:\s[^<>]*)?)>")
+# tags that end a segment whose </seg> is missing: these always (a segment never
+# holds another segment or document) ...
+_SGML_STRONG = re.compile(r"<(/?)(seg|doc|dataset)(?=[\s>/])[^<>]*>", re.I)
+# ... and these only when the line has no </seg> (else they are text)
+_SGML_WEAK = re.compile(r"<(/?)(p|srcset|refset|tstset|mteval)(?=[\s>/])[^<>]*>", re.I)
+_SGML_STARTS_WITH_STRUCT = re.compile(r"\s*<(/?)(seg|doc|p|srcset|refset|tstset|mteval|dataset)(?=[\s>/])",
+                                      re.I)
+_SGML_SEG_CLOSE = re.compile(r"</seg\s*>", re.I)
+_SGML_ATTR = re.compile(r"""([A-Za-z_][\w.:-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""")
+_ENTITY = re.compile(r"&(?:#([0-9]{1,8})|#[xX]([0-9a-fA-F]{1,8})|([A-Za-z][A-Za-z0-9]{0,31}));")
+
+_WMT_FILE_HINT = ("this looks like a WMT test-set XML file (<dataset> root, WMT21 and later), which holds "
+                  "the source, the references and system outputs in one file: use "
+                  "`ctx-prep-docs wmt --xml FILE --src-lang L1 --tgt-lang L2 --out-prefix PREFIX`")
+
+
+def _unescape_entities(text: str) -> str:
+    """Unescape ``&name;``, ``&#N;`` and ``&#xN;`` (HTML5 entity names). An
+    ``&`` that does not start such an entity (``AT&T``, ``a & b``) and unknown
+    names (``&foo;``) are kept as they are; unlike ``html.unescape``, names
+    without the closing ``;`` (``&copy``) are never unescaped."""
+    import html.entities
+
+    def repl(m: "re.Match") -> str:
+        if m.group(3) is not None:
+            return html.entities.html5.get(m.group(3) + ";", m.group(0))
+        code = int(m.group(1)) if m.group(1) is not None else int(m.group(2), 16)
+        if code == 0 or code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+            return m.group(0)
+        return chr(code)
+
+    return _ENTITY.sub(repl, text)
+
+
+def _sgml_attrs(text: str) -> Dict[str, str]:
+    """Attributes of an SGML start tag (names lower-cased; values quoted with
+    ``"`` or ``'`` or unquoted; entities unescaped, surrounding blanks stripped)."""
+    attrs: Dict[str, str] = {}
+    for m in _SGML_ATTR.finditer(text):
+        value = next(v for v in m.group(2, 3, 4) if v is not None)
+        attrs.setdefault(m.group(1).lower(), _unescape_entities(value).strip())
+    return attrs
+
+
+def _read_text_lines(path: str) -> List[str]:
+    """Lines of a UTF-8 file split at ``\\n`` only (so that line numbers are
+    those an editor shows); a trailing ``\\r`` is dropped, a byte-order mark too."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as err:
+        raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise PrepDocsError(path, line, f"not UTF-8 ({err.reason} at byte {err.start}); "
+                                        "expected a UTF-8 file") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [x[:-1] if x.endswith("\r") else x for x in lines]
+
+
+def _parse_sgml(path: str, allow_empty: bool) -> Tuple[List[_Doc], int, int]:
+    """Read one WMT ``.sgm`` file tolerantly. Returns (documents, number of
+    lines, number of line breaks replaced inside segments).
+
+    Only ``<doc docid=...>``, ``</doc>``, ``<seg id=...>`` and ``</seg>`` matter;
+    other tags (``<p>``, ``<hl>``, the ``<srcset>``/``<refset>`` wrapper) and text
+    outside segments are ignored. A segment's text runs to its ``</seg>``, or
+    to a ``<seg>``, ``<doc>`` or ``</doc>`` tag before it (the ``</seg>`` is
+    missing); when the line has neither, it ends at a ``<p>``, ``</p>`` or
+    ``</srcset>``-like tag on the line, or else at the end of the line if the
+    next line is blank, starts with one of those tags or does not exist
+    (otherwise the segment goes on over the next line). A ``<doc>`` without
+    ``</doc>`` ends at the next ``<doc>`` or at the end of the file. Entities
+    are unescaped with :func:`_unescape_entities` (a bare ``&`` stays ``&``);
+    a ``<`` that does not start one of those tags is text."""
+    lines = _read_text_lines(path)
+    docs: List[_Doc] = []
+    first_line: Dict[str, int] = {}
+    cur: Optional[_Doc] = None
+    seg: Optional[Tuple[str, int, List[str]]] = None  # (id, first line, text pieces)
+    replaced = 0
+
+    def end_seg() -> None:
+        nonlocal seg, replaced
+        assert seg is not None and cur is not None
+        segid, start, parts = seg
+        text, n = _clean(_unescape_entities("\n".join(parts)).strip())
+        replaced += n
+        if not text and not allow_empty:
+            raise PrepDocsError(path, start, f"document {cur.docid}, segment {segid}: empty segment; "
+                                "expected text (--allow-empty keeps it as an empty line)")
+        cur.segs.append(_Seg(segid, text, start))
+        seg = None
+
+    def end_doc(lineno: int) -> None:
+        nonlocal cur
+        assert cur is not None
+        if seg is not None:
+            end_seg()
+        if not cur.segs:
+            raise PrepDocsError(path, cur.line, f"document {cur.docid} has no segments; "
+                                "expected at least one <seg>")
+        cur.end_line[0] = lineno
+        docs.append(cur)
+        cur = None
+
+    for lineno, line in enumerate(lines, 1):
+        pos = 0
+        while True:
+            if seg is not None:
+                close = _SGML_SEG_CLOSE.search(line, pos)
+                strong = _SGML_STRONG.search(line, pos)
+                if close and (strong is None or close.start() < strong.start()):
+                    seg[2].append(line[pos:close.start()])
+                    end_seg()
+                    pos = close.end()
+                    continue
+                struct = strong or _SGML_WEAK.search(line, pos)
+                if struct:  # </seg> missing: the next structural tag ends the segment
+                    seg[2].append(line[pos:struct.start()])
+                    end_seg()
+                    pos = struct.start()
+                    continue
+                seg[2].append(line[pos:])
+                nxt = lines[lineno] if lineno < len(lines) else None
+                if nxt is None or not nxt.strip() or _SGML_STARTS_WITH_STRUCT.match(nxt):
+                    end_seg()
+                break
+            m = _SGML_TAG.search(line, pos)
+            if not m:
+                break
+            pos = m.end()
+            closing, name = m.group(1) == "/", m.group(2).lower()
+            if name == "dataset" and not closing and not docs and cur is None:
+                raise PrepDocsError(path, lineno, _WMT_FILE_HINT)
+            if name == "doc":
+                if cur is not None:  # </doc>, or a <doc> whose predecessor has no </doc>
+                    end_doc(lineno)
+                if closing:
+                    continue
+                attrs = _sgml_attrs(m.group(3))
+                docid = attrs.get("docid", "")
+                if not docid:
+                    hint = f"; {_WMT_FILE_HINT}" if "id" in attrs else ""
+                    raise PrepDocsError(path, lineno, "<doc> without a docid attribute; "
+                                                      f'expected <doc docid="...">{hint}')
+                _check_docid(docid, path, lineno)
+                if docid in first_line:
+                    raise PrepDocsError(path, lineno, f"duplicate document id {docid} "
+                                        f"(first at line {first_line[docid]}); expected unique docids")
+                first_line[docid] = lineno
+                cur = _Doc(docid, lineno, [], [lineno])
+            elif name == "seg" and not closing:
+                if cur is None:
+                    raise PrepDocsError(path, lineno, "<seg> outside any <doc>; "
+                                                      "expected segments inside <doc docid=...>")
+                segid = _sgml_attrs(m.group(3)).get("id", "")
+                if not segid:
+                    raise PrepDocsError(path, lineno, f"document {cur.docid}: <seg> without an id "
+                                                      'attribute; expected <seg id="...">')
+                seg = (segid, lineno, [])
+            elif name in _SGML_SETS and closing and cur is not None:
+                end_doc(lineno)
+    if cur is not None:
+        end_doc(len(lines))
+    if not docs:
+        raise PrepDocsError(path, 1, "no <doc> elements found; expected "
+                                     '<doc docid="..."> elements with <seg id="..."> inside')
+    return docs, len(lines), replaced
+
+
+def read_sgml_documents(path: str, allow_empty: bool = False) -> List[Tuple[str, List[Tuple[str, str]]]]:
+    """Read one WMT ``.sgm`` file (``newstest2019-ende-src.en.sgm``, ...)
+    tolerantly: ``[(docid, [(segid, text), ...]), ...]`` in file order. See
+    :func:`_parse_sgml` for what is tolerated; a ``<doc>`` without docid or
+    without segments, duplicate docids, a ``<seg>`` outside a ``<doc>`` or
+    without id, duplicate segment ids in a document and (unless
+    ``allow_empty``) empty segments raise :class:`PrepDocsError`."""
+    docs, _, _ = _parse_sgml(path, allow_empty)
+    _check_unique_segids(path, docs)
+    return [(d.docid, [(s.segid, s.text) for s in d.segs]) for d in docs]
+
+
+def load_sgml(src_sgm: str, tgt_sgm: str, allow_empty: bool = False) -> Tuple[List[ParallelDoc], int]:
+    """Read and align a pair of WMT ``.sgm`` files (a ``srcset`` and a
+    ``refset``): the same documents in the same order, each with the same
+    segment ids in the same order. Returns (documents, line breaks replaced)."""
+    src_docs, src_lines, n1 = _parse_sgml(src_sgm, allow_empty)
+    tgt_docs, tgt_lines, n2 = _parse_sgml(tgt_sgm, allow_empty)
+    return _align_docs(src_sgm, src_docs, src_lines, tgt_sgm, tgt_docs, tgt_lines), n1 + n2
+
+
+# --------------------------------------------------------------------------
+# WMT test-set XML (WMT21 and later)
+
+
+class _WmtSide:
+    """One ``<src>``, ``<ref>`` or ``<hyp>`` of a WMT document: its paragraphs
+    (only those with segments), each a list of segments (text stripped, not yet
+    cleaned of line breaks)."""
+
+    def __init__(self, kind: str, attrs: Dict[str, str], line: int):
+        self.kind = kind
+        self.attrs = attrs
+        self.line = line
+        self.end_line = line
+        self.paras: List[List[_Seg]] = []
+        self.open_para = False  # the last paragraph still takes segments
+
+    def label(self) -> str:
+        if self.kind == "ref":
+            who = self.attrs.get("translator")
+            return f'<ref translator="{who}">' if who is not None else "<ref>"
+        if self.kind == "hyp":
+            return f'<hyp system="{self.attrs.get("system", "")}">'
+        return "<src>"
+
+    def segs(self) -> List[Tuple[int, _Seg]]:
+        """(1-based paragraph number, segment) in document order."""
+        return [(i, s) for i, para in enumerate(self.paras, 1) for s in para]
+
+
+class _WmtDoc:
+    def __init__(self, docid: str, attrs: Dict[str, str], line: int):
+        self.docid = docid
+        self.attrs = attrs
+        self.line = line
+        self.src: Optional[_WmtSide] = None
+        self.refs: List[_WmtSide] = []
+        self.hyps: List[_WmtSide] = []
+
+
+class WmtData(NamedTuple):
+    docs: List[ParallelDoc]  # source and the selected reference
+    hyp: Optional[List[str]]  # the selected system's segment for each line, or None
+    line_breaks_replaced: int
+    wmt_documents: int  # documents of the file used (before --paragraph-boundaries)
+    references: Dict[str, int]  # translator -> documents whose reference it wrote
+    testsuite_skipped: int  # documents with a testsuite attribute (no references)
+
+
+def _same_lang(attr: str, code: str) -> bool:
+    """``lang="zh"`` matches ``zh``, ``zh_CN``, ``zh-cn``; ``lang="zh-TW"`` matches ``zh``."""
+    a, c = attr.strip().lower().replace("-", "_"), code.lower().replace("-", "_")
+    return a == c or a.startswith(c + "_") or c.startswith(a + "_")
+
+
+def _parse_wmt(path: str) -> List[_WmtDoc]:
+    """Parse a WMT test-set XML file into documents with their sides."""
+    import xml.etree.ElementTree as ET
+
+    docs: List[_WmtDoc] = []
+    first_line: Dict[str, int] = {}
+    cur: Optional[_WmtDoc] = None
+    side: Optional[_WmtSide] = None
+    in_seg: Optional[Tuple[str, int]] = None
+    root: List[str] = []
+    parser = ET.XMLPullParser(events=("start", "end"))
+
+    def where() -> str:
+        return f"document {cur.docid}" if cur is not None else ""
+
+    def handle(lineno: int) -> None:
+        nonlocal cur, side, in_seg
+        for event, el in parser.read_events():
+            name = _local(el.tag)
+            if event == "start" and not root:
+                root.append(name)
+                if name != "dataset":
+                    if name in _SGML_SETS:
+                        hint = ("this is an mteval/IWSLT-style file with one language per file: use "
+                                "`ctx-prep-docs xml` (or `ctx-prep-docs sgml` for WMT .sgm files)")
+                    else:
+                        hint = "expected a WMT test-set XML file (WMT21 and later)"
+                    raise PrepDocsError(path, lineno, f"root element <{name}>; expected <dataset>: {hint}")
+            if event == "start":
+                if name == "doc":
+                    if cur is not None:
+                        raise PrepDocsError(path, lineno, f"<doc> inside document {cur.docid} "
+                                            f"(line {cur.line}); expected </doc> first")
+                    docid = (el.get("id") or "").strip()
+                    if not docid:
+                        raise PrepDocsError(path, lineno, "<doc> without an id attribute; "
+                                                          'expected <doc id="...">')
+                    _check_docid(docid, path, lineno)
+                    if docid in first_line:
+                        raise PrepDocsError(path, lineno, f"duplicate document id {docid} "
+                                            f"(first at line {first_line[docid]}); expected unique ids")
+                    first_line[docid] = lineno
+                    cur = _WmtDoc(docid, dict(el.attrib), lineno)
+                elif name in ("src", "ref", "hyp"):
+                    if cur is None:
+                        raise PrepDocsError(path, lineno, f"<{name}> outside any <doc>; "
+                                                          "expected it inside <doc id=...>")
+                    if side is not None:
+                        raise PrepDocsError(path, lineno, f"{where()}: <{name}> inside {side.label()} "
+                                            f"(line {side.line}); expected </{side.kind}> first")
+                    side = _WmtSide(name, {k: v.strip() for k, v in el.attrib.items()}, lineno)
+                    if name == "src":
+                        if cur.src is not None:
+                            raise PrepDocsError(path, lineno, f"{where()}: second <src> (first at "
+                                                f"line {cur.src.line}); expected one <src> per document")
+                        cur.src = side
+                    else:
+                        (cur.refs if name == "ref" else cur.hyps).append(side)
+                elif name == "p" and side is not None:
+                    side.open_para = False  # the next segment starts a paragraph
+                elif name == "seg":
+                    if side is None:
+                        raise PrepDocsError(path, lineno, f"{where() or 'file'}: <seg> outside <src>, "
+                                                          "<ref> and <hyp>; expected it inside one of them")
+                    if in_seg is not None:
+                        raise PrepDocsError(path, lineno, f"{where()}: <seg> inside segment {in_seg[0]} "
+                                            f"(line {in_seg[1]}); expected </seg> first")
+                    segid = (el.get("id") or "").strip()
+                    if not segid:
+                        raise PrepDocsError(path, lineno, f"{where()}: <seg> without an id attribute "
+                                                          f'in {side.label()}; expected <seg id="...">')
+                    in_seg = (segid, lineno)
+            else:
+                if name == "seg" and side is not None and in_seg is not None:
+                    if not side.open_para:
+                        side.paras.append([])
+                        side.open_para = True
+                    side.paras[-1].append(_Seg(in_seg[0], "".join(el.itertext()).strip(), in_seg[1]))
+                    in_seg = None
+                    el.clear()
+                elif name == "p" and side is not None:
+                    side.open_para = False
+                elif name in ("src", "ref", "hyp") and side is not None:
+                    side.end_line = lineno
+                    side = None
+                elif name == "doc" and cur is not None:
+                    docs.append(cur)
+                    cur = None
+                    el.clear()
+
+    lineno = 0
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                parser.feed(raw)
+                handle(lineno)
+        parser.close()
+        handle(lineno)
+    except ET.ParseError as err:
+        line, col = err.position if getattr(err, "position", None) else (lineno or 1, 0)
+        msg = re.sub(r": line \d+, column \d+$", "", str(err))
+        raise PrepDocsError(path, line, f"malformed XML ({msg}, column {col}); "
+                                        "expected well-formed XML") from None
+    except OSError as err:
+        raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
+    if not docs:
+        raise PrepDocsError(path, 1, 'no <doc> elements found; expected <doc id="..."> elements '
+                                     "with <src>, <ref> and <seg id=...> inside")
+    return docs
+
+
+def _translator(ref: _WmtSide, src: _WmtSide) -> Optional[str]:
+    # some files (wmt21 is-en dev) put the translator on <src> instead of <ref>
+    return ref.attrs.get("translator", src.attrs.get("translator"))
+
+
+def _wmt_check_lang(path: str, doc: _WmtDoc, side: _WmtSide, code: str, flag: str) -> None:
+    lang = side.attrs.get("lang", side.attrs.get("language"))
+    if lang is not None and not _same_lang(lang, code):
+        what = "source" if flag == "--src-lang" else "target"
+        raise PrepDocsError(path, side.line, f'document {doc.docid}: {side.label()} has lang="{lang}", '
+                            f"but {flag} is {code}; expected the file's {what} language (a WMT "
+                            "file translates in one direction; check --src-lang/--tgt-lang)")
+
+
+def _wmt_align(path: str, doc: _WmtDoc, src: _WmtSide, other: _WmtSide) -> None:
+    """``other`` (a reference or hypothesis) must have the segment ids of the
+    source, in the same order and in the same paragraphs."""
+    a, b = src.segs(), other.segs()
+    for j in range(max(len(a), len(b))):
+        if j >= len(b):
+            p, seg = a[j]
+            raise PrepDocsError(path, other.end_line, f"document {doc.docid}, paragraph {p}: segment "
+                                f"{seg.segid} (<src> line {seg.line}) is missing in {other.label()}: "
+                                f"{len(b)} segments, expected {len(a)} as in <src>")
+        if j >= len(a):
+            p, seg = b[j]
+            raise PrepDocsError(path, seg.line, f"document {doc.docid}, paragraph {p}, segment "
+                                f"{seg.segid}: extra segment in {other.label()}: <src> (line {src.line}) "
+                                f"has {len(a)} segments, expected as many")
+        (pa, sa), (pb, sb) = a[j], b[j]
+        if sa.segid != sb.segid:
+            raise PrepDocsError(path, sb.line, f"document {doc.docid}, paragraph {pb}, segment {sb.segid}: "
+                                f"segment #{j + 1} of {other.label()} has id {sb.segid}; expected "
+                                f"segment id {sa.segid} as in <src> line {sa.line}")
+        if pa != pb:
+            raise PrepDocsError(path, sb.line, f"document {doc.docid}, segment {sb.segid}: in paragraph "
+                                f"{pb} of {other.label()}; expected paragraph {pa} as in <src> line "
+                                f"{sa.line} (paragraph boundaries must match)")
+
+
+def _wmt_select(path: str, doc: _WmtDoc, sides: List[_WmtSide], key, wanted: str, what: str,
+                flag: str) -> _WmtSide:
+    found = [x for x in sides if key(x) == wanted]
+    if not found:
+        names = ", ".join(sorted({str(key(x)) for x in sides})) or "none"
+        raise PrepDocsError(path, doc.line, f"document {doc.docid} has no {what} {wanted} "
+                            f"(it has: {names}); expected one in every document: check {flag} "
+                            "(no other one is used in its place)")
+    if len(found) > 1:
+        raise PrepDocsError(path, found[1].line, f"document {doc.docid}: second {found[1].label()} "
+                            f"(first at line {found[0].line}); expected one {what} {wanted} per document")
+    return found[0]
+
+
+def load_wmt(xml: str, src_lang: str, tgt_lang: str, ref_translator: Optional[str] = None,
+             hyp_system: Optional[str] = None, paragraph_boundaries: bool = False,
+             allow_empty: bool = False) -> WmtData:
+    """Read a WMT test-set XML file (WMT21 and later: ``<dataset>``, optional
+    ``<collection>``, ``<doc id=...>`` holding one ``<src>``, ``<ref>``
+    elements and ``<hyp>`` elements, each holding ``<p>`` paragraphs of
+    ``<seg id=...>``) and pair the source with one reference per document.
+
+    The reference is the one by ``ref_translator`` (its ``translator``
+    attribute, or the ``<src>``'s when the ``<ref>`` has none), or each
+    document's first ``<ref>``; a document without it is an error, never
+    another reference. ``hyp_system`` also returns that system's segments
+    (empty segments allowed). References and hypotheses must have the source's
+    segment ids in the same order and paragraphs. Documents with a
+    ``testsuite`` attribute (test suites, no references) are skipped. With
+    ``paragraph_boundaries`` each paragraph becomes a document with the id
+    ``DOCID.pN`` (N = 1, 2, ... within the document)."""
+    docs = _parse_wmt(xml)
+    out: List[ParallelDoc] = []
+    hyp: Optional[List[str]] = [] if hyp_system is not None else None
+    references: Dict[str, int] = {}
+    out_line: Dict[str, int] = {}
+    replaced = skipped = used = 0
+    for doc in docs:
+        if "testsuite" in doc.attrs:
+            skipped += 1
+            continue
+        used += 1
+        src = doc.src
+        if src is None or not src.paras:
+            raise PrepDocsError(xml, doc.line, f"document {doc.docid} has no <src> segments; "
+                                "expected <src> with <seg> elements")
+        _wmt_check_lang(xml, doc, src, src_lang, "--src-lang")
+        if ref_translator is not None:
+            ref = _wmt_select(xml, doc, doc.refs, lambda r: _translator(r, src), ref_translator,
+                              "reference by translator", "--ref-translator")
+        elif doc.refs:
+            ref = doc.refs[0]
+        else:
+            raise PrepDocsError(xml, doc.line, f"document {doc.docid} has no <ref>; expected a "
+                                "reference translation in every document (is this a source-only file?)")
+        _wmt_check_lang(xml, doc, ref, tgt_lang, "--tgt-lang")
+        who = _translator(ref, src)
+        who = who if who is not None else "(no translator attribute)"
+        references[who] = references.get(who, 0) + 1
+        sides = [ref]
+        if hyp_system is not None:
+            h = _wmt_select(xml, doc, doc.hyps, lambda x: x.attrs.get("system"), hyp_system,
+                            "<hyp> of system", "--hyp-system")
+            _wmt_check_lang(xml, doc, h, tgt_lang, "--tgt-lang")
+            sides.append(h)
+        for other in sides:
+            _wmt_align(xml, doc, src, other)
+        _check_unique_segids(xml, [_Doc(doc.docid, doc.line, [s for _, s in src.segs()], [doc.line])])
+
+        texts = []
+        for side in [src] + sides:
+            cleaned = []
+            for _, seg in side.segs():
+                text, n = _clean(seg.text)
+                replaced += n
+                if not text and not allow_empty and side.kind != "hyp":
+                    raise PrepDocsError(xml, seg.line, f"document {doc.docid}, segment {seg.segid}: "
+                                        f"empty segment in {side.label()}; expected text "
+                                        "(--allow-empty keeps it as an empty line)")
+                cleaned.append(text)
+            texts.append(cleaned)
+        paras = [p for p, _ in src.segs()]
+        groups = [(doc.docid, range(len(paras)))] if not paragraph_boundaries else [
+            (f"{doc.docid}.p{p}", [j for j, q in enumerate(paras) if q == p])
+            for p in range(1, len(src.paras) + 1)]
+        for docid, idx in groups:
+            if docid in out_line:
+                raise PrepDocsError(xml, doc.line, f"document {doc.docid}: output document id {docid} "
+                                    f"is already used by the document at line {out_line[docid]}; "
+                                    "expected unique ids")
+            out_line[docid] = doc.line
+            out.append((docid, [(texts[0][j], texts[1][j]) for j in idx]))
+            if hyp is not None:
+                hyp.extend(texts[2][j] for j in idx)
+    if not out:
+        raise PrepDocsError(xml, docs[0].line, f"all {len(docs)} documents are test suites "
+                            "(testsuite attribute); expected documents with references")
+    return WmtData(out, hyp, replaced, used, references, skipped)
 
 
 # --------------------------------------------------------------------------
@@ -388,7 +938,13 @@ def output_paths(out_prefix: str, src_lang: str, tgt_lang: str) -> Tuple[str, st
     return f"{out_prefix}.{src_lang}", f"{out_prefix}.{tgt_lang}", f"{out_prefix}.docids"
 
 
-def _check_outputs(out_prefix: str, src_lang: str, tgt_lang: str, inputs: Sequence[str]) -> None:
+def hyp_output_path(out_prefix: str, tgt_lang: str) -> str:
+    """Where ``wmt --hyp-system`` writes the system's segments: ``PREFIX.hyp.L2``."""
+    return f"{out_prefix}.hyp.{tgt_lang}"
+
+
+def _check_outputs(out_prefix: str, src_lang: str, tgt_lang: str, inputs: Sequence[str],
+                   with_hyp: bool = False) -> None:
     for flag, lang in (("--src-lang", src_lang), ("--tgt-lang", tgt_lang)):
         if not lang or _WHITESPACE.search(lang) or "/" in lang or os.sep in lang:
             raise PrepDocsError(flag, None, f"bad language code {lang!r}; expected e.g. en")
@@ -400,24 +956,50 @@ def _check_outputs(out_prefix: str, src_lang: str, tgt_lang: str, inputs: Sequen
         raise PrepDocsError("--out-prefix", None, f"{out_prefix!r} names a directory; "
                                                   "expected DIR/NAME, e.g. data/train")
     ins = {os.path.realpath(p) for p in inputs}
-    for out in output_paths(out_prefix, src_lang, tgt_lang):
+    outs = list(output_paths(out_prefix, src_lang, tgt_lang))
+    if with_hyp:
+        outs.append(hyp_output_path(out_prefix, tgt_lang))
+    seen = set()
+    for out in outs:
         if os.path.realpath(out) in ins:
             raise PrepDocsError(out, None, "output would overwrite an input file; "
                                            "expected a different --out-prefix")
+        if os.path.realpath(out) in seen:
+            raise PrepDocsError(out, None, "two outputs would have this name; "
+                                           "expected different --src-lang/--tgt-lang")
+        seen.add(os.path.realpath(out))
 
 
 def write_documents(docs: Sequence[ParallelDoc], out_prefix: str, src_lang: str,
-                    tgt_lang: str) -> Tuple[str, str, str]:
-    """Write ``PREFIX.{src_lang}``, ``PREFIX.{tgt_lang}`` and ``PREFIX.docids``.
-    Each is written to a temporary file in the output directory; all three are
-    renamed into place only after all three were written. Returns the paths."""
-    _check_outputs(out_prefix, src_lang, tgt_lang, ())
+                    tgt_lang: str, hyp: Optional[Sequence[str]] = None) -> Tuple[str, ...]:
+    """Write ``PREFIX.{src_lang}``, ``PREFIX.{tgt_lang}`` and ``PREFIX.docids``
+    (and, given ``hyp``, one line per sentence, ``PREFIX.hyp.{tgt_lang}``).
+    Each is written to a temporary file in the output directory; all are
+    renamed into place only after all were written. Returns the paths."""
+    _check_outputs(out_prefix, src_lang, tgt_lang, (), with_hyp=hyp is not None)
     for docid, pairs in docs:
         for s, t in pairs:
             if _LINE_BREAK_RUN.search(s) or _LINE_BREAK_RUN.search(t):
                 raise PrepDocsError(out_prefix, None, f"document {docid}: a sentence contains a "
                                                       "line break; expected one line per sentence")
-    paths = output_paths(out_prefix, src_lang, tgt_lang)
+    paths: Tuple[str, ...] = output_paths(out_prefix, src_lang, tgt_lang)
+    rows = ((s, t, docid) for docid, pairs in docs for s, t in pairs)
+    if hyp is not None:
+        n = sum(len(pairs) for _, pairs in docs)
+        if len(hyp) != n:
+            raise ValueError(f"hyp has {len(hyp)} lines; expected {n}, one per sentence")
+        if any(_LINE_BREAK_RUN.search(h) for h in hyp):
+            raise PrepDocsError(out_prefix, None, "a hypothesis contains a line break; "
+                                                  "expected one line per sentence")
+        paths = paths + (hyp_output_path(out_prefix, tgt_lang),)
+        rows = (row + (h,) for row, h in zip(rows, hyp))
+    _write_atomic(out_prefix, paths, rows)
+    return paths
+
+
+def _write_atomic(out_prefix: str, paths: Sequence[str], rows) -> None:
+    """Write column i of each row as a line of ``paths[i]``: to temporary files
+    in the output directory, renamed into place only when all are complete."""
     out_dir = os.path.dirname(os.path.abspath(out_prefix))
     os.makedirs(out_dir, exist_ok=True)
     umask = os.umask(0)
@@ -430,12 +1012,11 @@ def write_documents(docs: Sequence[ParallelDoc], out_prefix: str, src_lang: str,
             temps.append(tmp)
             os.chmod(tmp, 0o666 & ~umask)
             handles.append(os.fdopen(fd, "w", encoding="utf-8", newline="\n"))
-        with handles[0] as fs, handles[1] as ft, handles[2] as fd_:
-            for docid, pairs in docs:
-                for s, t in pairs:
-                    fs.write(s + "\n")
-                    ft.write(t + "\n")
-                    fd_.write(docid + "\n")
+        for row in rows:
+            for h, text in zip(handles, row):
+                h.write(text + "\n")
+        for h in handles:
+            h.close()
         for tmp, path in zip(temps, paths):
             os.replace(tmp, path)
         temps = []
@@ -447,21 +1028,23 @@ def write_documents(docs: Sequence[ParallelDoc], out_prefix: str, src_lang: str,
                 os.unlink(tmp)
             except OSError:
                 pass
-    return paths
 
 
 def prepare_documents(mode: str, src: str, tgt: str, src_lang: str, tgt_lang: str,
                       out_prefix: str, docids: Optional[str] = None, allow_empty: bool = False,
                       doc_prefix: str = "doc") -> PrepSummary:
     """Read, validate and write one split. ``mode`` is ``xml`` (``src``/``tgt``
-    are XML files), ``blank-lines`` or ``docids`` (``docids`` names the id
-    file). Raises :class:`PrepDocsError` before writing anything."""
+    are XML files), ``sgml`` (WMT ``.sgm`` files), ``blank-lines`` or
+    ``docids`` (``docids`` names the id file); WMT test-set XML (one file) is
+    :func:`prepare_wmt`. Raises :class:`PrepDocsError` before writing anything."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     inputs = [src, tgt] + ([docids] if docids else [])
     _check_outputs(out_prefix, src_lang, tgt_lang, inputs)
     if mode == "xml":
         docs, replaced = load_xml(src, tgt, allow_empty=allow_empty)
+    elif mode == "sgml":
+        docs, replaced = load_sgml(src, tgt, allow_empty=allow_empty)
     elif mode == "blank-lines":
         docs, replaced = load_blank_lines(src, tgt, doc_prefix=doc_prefix)
     else:
@@ -470,6 +1053,32 @@ def prepare_documents(mode: str, src: str, tgt: str, src_lang: str, tgt_lang: st
         docs, replaced = load_docids(src, tgt, docids, allow_empty=allow_empty)
     paths = write_documents(docs, out_prefix, src_lang, tgt_lang)
     return PrepSummary(len(docs), sum(len(p) for _, p in docs), paths, replaced)
+
+
+def prepare_wmt(xml: str, src_lang: str, tgt_lang: str, out_prefix: str,
+                ref_translator: Optional[str] = None, hyp_system: Optional[str] = None,
+                paragraph_boundaries: bool = False, allow_empty: bool = False) -> PrepSummary:
+    """Read, validate and write a WMT test-set XML file (see :func:`load_wmt`):
+    ``PREFIX.{src_lang}``, ``PREFIX.{tgt_lang}``, ``PREFIX.docids`` and, with
+    ``hyp_system``, ``PREFIX.hyp.{tgt_lang}``. Raises :class:`PrepDocsError`
+    before writing anything."""
+    _check_outputs(out_prefix, src_lang, tgt_lang, [xml], with_hyp=hyp_system is not None)
+    data = load_wmt(xml, src_lang, tgt_lang, ref_translator=ref_translator, hyp_system=hyp_system,
+                    paragraph_boundaries=paragraph_boundaries, allow_empty=allow_empty)
+    paths = write_documents(data.docs, out_prefix, src_lang, tgt_lang, hyp=data.hyp)
+    def docs(n: int) -> str:
+        return f"{n} document" + ("" if n == 1 else "s")
+
+    notes = ["reference: " + ", ".join(f"translator {t} ({docs(n)})" for t, n in data.references.items())]
+    if paragraph_boundaries:
+        notes.append(f"documents are the paragraphs of {docs(data.wmt_documents)}")
+    if hyp_system is not None:
+        notes.append(f"system {hyp_system} -> {paths[3]}")
+    if data.testsuite_skipped:
+        notes.append(f"{docs(data.testsuite_skipped)} with a testsuite attribute skipped")
+    return PrepSummary(len(data.docs), sum(len(p) for _, p in data.docs), paths[:3],
+                       data.line_breaks_replaced, paths[3] if hyp_system is not None else None,
+                       "; ".join(notes))
 
 
 # --------------------------------------------------------------------------
@@ -492,11 +1101,28 @@ def get_parser() -> argparse.ArgumentParser:
         "file: PREFIX.L1, PREFIX.L2 and PREFIX.docids (one id per line). Nothing is written "
         "unless all input validates; errors exit with status 2.",
     )
-    sub = p.add_subparsers(dest="mode", required=True, metavar="{xml,blank-lines,docids}")
+    sub = p.add_subparsers(dest="mode", required=True, metavar="{xml,wmt,sgml,blank-lines,docids}")
     x = sub.add_parser("xml", parents=[common, allow],
-                       help="IWSLT/WMT-style XML: <doc docid=...> with <seg id=...>")
+                       help="IWSLT/mteval-style XML, one file per language: "
+                       "<doc docid=...> with <seg id=...>")
     x.add_argument("--src-xml", required=True, metavar="FILE")
     x.add_argument("--tgt-xml", required=True, metavar="FILE")
+    w = sub.add_parser("wmt", parents=[common, allow],
+                       help="WMT test-set XML (WMT21 and later): one file with <src>, <ref> and <hyp>")
+    w.add_argument("--xml", required=True, metavar="FILE",
+                   help="one language pair's test set, e.g. wmttest2022.en-de.xml")
+    w.add_argument("--ref-translator", metavar="NAME",
+                   help="use the <ref> with translator=NAME in every document (a document without "
+                   "one is an error); default: each document's first <ref>")
+    w.add_argument("--hyp-system", metavar="NAME",
+                   help="also write PREFIX.hyp.L2: the segments of <hyp system=NAME> "
+                   "(a document without one is an error)")
+    w.add_argument("--paragraph-boundaries", action="store_true",
+                   help="make each <p> paragraph its own document, with the id DOCID.pN (N = 1, 2, ...)")
+    g = sub.add_parser("sgml", parents=[common, allow],
+                       help="WMT .sgm files before 2021 (srcset/refset), read tolerantly")
+    g.add_argument("--src-sgm", required=True, metavar="FILE", help="e.g. newstest2019-ende-src.en.sgm")
+    g.add_argument("--tgt-sgm", required=True, metavar="FILE", help="e.g. newstest2019-ende-ref.de.sgm")
     b = sub.add_parser("blank-lines", parents=[common],
                        help="one sentence per line, a blank line between documents")
     b.add_argument("--src", required=True, metavar="FILE")
@@ -515,20 +1141,29 @@ def cli_main(argv=None) -> None:
     args = get_parser().parse_args(argv)
     if args.mode == "xml":
         src, tgt, docids = args.src_xml, args.tgt_xml, None
-    else:
+    elif args.mode == "sgml":
+        src, tgt, docids = args.src_sgm, args.tgt_sgm, None
+    elif args.mode != "wmt":
         src, tgt, docids = args.src, args.tgt, getattr(args, "docids", None)
     try:
-        summary = prepare_documents(
-            args.mode, src, tgt, args.src_lang, args.tgt_lang, args.out_prefix, docids=docids,
-            allow_empty=getattr(args, "allow_empty", False),
-            doc_prefix=getattr(args, "doc_prefix", "doc"),
-        )
+        if args.mode == "wmt":
+            summary = prepare_wmt(args.xml, args.src_lang, args.tgt_lang, args.out_prefix,
+                                  ref_translator=args.ref_translator, hyp_system=args.hyp_system,
+                                  paragraph_boundaries=args.paragraph_boundaries,
+                                  allow_empty=args.allow_empty)
+        else:
+            summary = prepare_documents(
+                args.mode, src, tgt, args.src_lang, args.tgt_lang, args.out_prefix, docids=docids,
+                allow_empty=getattr(args, "allow_empty", False),
+                doc_prefix=getattr(args, "doc_prefix", "doc"),
+            )
     except PrepDocsError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         sys.exit(2)
-    note = ""
+    notes = [summary.note] if summary.note else []
     if summary.line_breaks_replaced:
-        note = f" ({summary.line_breaks_replaced} line breaks inside sentences replaced by spaces)"
+        notes.append(f"{summary.line_breaks_replaced} line breaks inside sentences replaced by spaces")
+    note = f" ({'; '.join(notes)})" if notes else ""
     print(f"{PROG}: {summary.documents} documents, {summary.sentences} sentences -> "
           f"{args.out_prefix}.{{{args.src_lang},{args.tgt_lang},docids}}{note}")
 
