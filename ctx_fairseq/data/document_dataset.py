@@ -609,6 +609,11 @@ def context_batches(indices: np.ndarray, parts: np.ndarray, max_tokens: Optional
             members = members[keep:]
             maxima = [max((m[p] for m in members), default=0) for p in range(4)]
             new = [max(a, b) for a, b in zip(maxima, row)]
+            if members and padded_cost(len(members) + 1, new, sides) > max_tokens:
+                batches.append(indices[start:start + len(members)])  # the carried rest
+                start += len(members)
+                members, maxima = [], [0, 0, 0, 0]
+                new = list(row)
         members.append(row)
         maxima = new
     if start < len(indices):
