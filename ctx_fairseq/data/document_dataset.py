@@ -227,7 +227,8 @@ class DocumentContextDataset(FairseqDataset):
                  seed: int = 1, document_context: str = "none", document_batching: bool = False,
                  separator: Optional[int] = None, tgt_context: Optional[Sequence] = None,
                  max_src_context_tokens: Optional[int] = None,
-                 max_tgt_context_tokens: Optional[int] = None, docids_path: str = "<docids>"):
+                 max_tgt_context_tokens: Optional[int] = None, docids_path: str = "<docids>",
+                 document_memory: bool = False):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
@@ -253,6 +254,12 @@ class DocumentContextDataset(FairseqDataset):
         self.src_context_size, self.tgt_context_size = int(src_context_size), int(tgt_context_size)
         self.direction, self.ablation, self.seed = direction, ablation, int(seed)
         self.document_context = document_context
+        self.document_memory = bool(document_memory)
+        if self.document_memory and document_context == "none":
+            raise ValueError("--document-memory needs --document-context online|offline (which "
+                             "sentences of the document a sentence may see)")
+        if self.document_memory and ablation != "none":
+            raise ValueError("--document-memory: --context-ablation is not supported yet")
         self.document_batching = bool(document_batching) or document_context != "none"
         self.eos = self.src_dict.eos()
         self.separator = self.eos if separator is None else int(separator)
@@ -282,7 +289,7 @@ class DocumentContextDataset(FairseqDataset):
         # context windows per side before truncation: (prev_lo, prev_hi, next_lo, next_hi)
         self.full_windows = {}
         for side, k in (("src", self.src_context_size), ("tgt", self.tgt_context_size)):
-            if k <= 0:
+            if k <= 0 or self.document_memory:  # document memory: no per-sentence context
                 continue
             if document_context == "online":
                 self.full_windows[side] = _ranges(s_start, s_end, None, "prev")
@@ -467,12 +474,101 @@ class DocumentContextDataset(FairseqDataset):
         for side in ("src", "tgt"):
             if side in self.windows:
                 ni.update(self.collate_context([s[f"{side}_ctx"] for s in ordered], side))
+        if self.document_memory:
+            ni.update(self.collate_memory(ids))
         if "src" in self.windows and self.document_context != "none":
             offs = data_utils.collate_tokens([s["src_ctx_offsets"] for s in ordered], 0, 0,
                                              left_pad=self.left_pad_source, pad_to_length=1,
                                              pad_to_multiple=self.pad_to_multiple)
             ni["src_ctx_sent_offsets"] = offs
         return batch
+
+    # ------------------------------------------------------- document memory
+    def memory_rows(self, ids: np.ndarray):
+        """The document memory of a batch of sentences ``ids`` (see
+        :meth:`collate_memory`): ``(docs, mem)``, the batch's documents in
+        order of first appearance and the corpus indices of their memory
+        sentences (document by document, in document order)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        docs = list(dict.fromkeys(self.doc_index[ids].tolist()))
+        mem = []
+        for d in docs:
+            start, n = int(self.doc_start[d]), int(self.doc_len[d])
+            if self.document_context == "online":
+                n = int(self.sent_pos[ids[self.doc_index[ids] == d]].max())
+            mem.append(np.arange(start, start + n, dtype=np.int64))
+        return docs, (np.concatenate(mem) if mem else np.zeros(0, dtype=np.int64))
+
+    def collate_memory(self, ids: np.ndarray) -> Dict[str, torch.Tensor]:
+        """Document memory inputs of a batch whose rows are sentences ``ids``:
+
+        * ``query_doc`` / ``query_pos`` (``B``): batch-local document number
+          (0..D-1, order of first appearance) and position in the document;
+        * ``mem_src_tokens`` (``S x Ls``, padded like the source) and
+          ``mem_src_lengths``: every sentence of the batch's documents that a
+          query of the batch may see (online: the positions before the
+          batch's last sentence of that document; offline: all), each once,
+          document by document in document order;
+        * ``mem_doc`` / ``mem_pos`` (``S``): their document and position;
+        * ``query_mem_row`` (``B``): the memory row that holds the query
+          sentence itself (-1 if none), so that a model can encode each
+          sentence once;
+        * ``mem_tgt_tokens`` / ``mem_tgt_lengths`` with target memory (target
+          context on): the target side of the same sentences (references, or
+          ``tgt_context``), padded like the target.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        docs, mem = self.memory_rows(ids)
+        local = {d: k for k, d in enumerate(docs)}
+        row_of = {int(j): r for r, j in enumerate(mem.tolist())}
+        out = {
+            "query_doc": torch.tensor([local[int(d)] for d in self.doc_index[ids]],
+                                      dtype=torch.long),
+            "query_pos": torch.from_numpy(self.sent_pos[ids].copy()),
+            "mem_doc": torch.tensor([local[int(d)] for d in self.doc_index[mem]],
+                                    dtype=torch.long),
+            "mem_pos": torch.from_numpy(self.sent_pos[mem].copy()),
+            "query_mem_row": torch.tensor([row_of.get(int(i), -1) for i in ids],
+                                          dtype=torch.long),
+        }
+        sides = [("src", self.base.src, self.src_dict, self.left_pad_source)]
+        if self.tgt_context_size > 0:
+            sides.append(("tgt", self._sentences("tgt"), self.tgt_dict, self.left_pad_target))
+        for side, seqs, d, left in sides:
+            if len(mem):
+                toks = data_utils.collate_tokens([seqs[int(j)].long() for j in mem], d.pad(),
+                                                 d.eos(), left_pad=left,
+                                                 pad_to_multiple=self.pad_to_multiple)
+            else:
+                toks = torch.full((0, 1), d.pad(), dtype=torch.long)
+            out[f"mem_{side}_tokens"] = toks
+            out[f"mem_{side}_lengths"] = torch.tensor([len(seqs[int(j)]) for j in mem],
+                                                      dtype=torch.long)
+        return out
+
+    def memory_cost(self, ids: np.ndarray) -> int:
+        """Padded tokens a batch of sentences ``ids`` gives the model with its
+        document memory: the encoder side counts the union of the batch's
+        sentences and its memory sentences (each encoded once), the decoder
+        side the targets plus, with target memory, the memory's targets."""
+        ids = np.asarray(ids, dtype=np.int64)
+        _, mem = self.memory_rows(ids)
+        union = np.union1d(ids, mem)
+        src = np.asarray(self.base.src_sizes, dtype=np.int64)
+        enc = len(union) * int(src[union].max())
+        dec = 0
+        if self.base.tgt_sizes is not None:
+            dec = len(ids) * int(np.asarray(self.base.tgt_sizes)[ids].max())
+        if self.tgt_context_size > 0 and len(mem):
+            tl = self._target_sizes()
+            dec += len(mem) * int(tl[mem].max())
+        return max(enc, dec)
+
+    def _target_sizes(self) -> np.ndarray:
+        if self.tgt_context is None:
+            return np.asarray(self.base.tgt_sizes, dtype=np.int64)
+        return np.fromiter((len(t) for t in self.tgt_context), dtype=np.int64,
+                           count=len(self.tgt_context))
 
     # ---------------------------------------------------------------- sizes
     def _part_lengths(self, indices: np.ndarray) -> np.ndarray:
@@ -557,6 +653,8 @@ class DocumentContextDataset(FairseqDataset):
     def batch_by_size(self, indices, max_tokens=None, max_sentences=None,
                       required_batch_size_multiple=1):
         indices = np.asarray(indices, dtype=np.int64)
+        if self.document_memory:
+            return memory_batches(self, indices, max_tokens, max_sentences)
         if self.document_batching:
             return document_batches(indices, self.doc_index, self._part_lengths(indices),
                                     max_tokens, max_sentences, sides=self._sides())
@@ -681,6 +779,57 @@ def document_batches(indices: np.ndarray, doc_index: np.ndarray, num_tokens: np.
         cur_start, cur_n, cur_max = b, 0, np.zeros_like(cur_max)
     if cur_n:
         batches.append(indices[cur_start:])
+    return batches
+
+
+def memory_batches(ds: "DocumentContextDataset", indices: np.ndarray,
+                   max_tokens: Optional[int] = None,
+                   max_sentences: Optional[int] = None) -> List[np.ndarray]:
+    """Document batching for models with a document memory: whole documents
+    (runs of ``indices``) are packed while :meth:`DocumentContextDataset.memory_cost`
+    stays within ``max_tokens``; a document too large is cut into consecutive
+    chunks, each of which carries the memory it needs (online: the sentences
+    before it; offline: the rest of the document), counted in its cost. A
+    sentence that does not fit with the memory it needs is an error: shared
+    document memory needs what a sentence can see in one batch."""
+    indices = np.asarray(indices, dtype=np.int64)
+    if len(indices) == 0:
+        return []
+    max_tokens = math.inf if not max_tokens else max_tokens
+    max_sentences = math.inf if not max_sentences else max_sentences
+    doc = ds.doc_index[indices]
+    bounds = np.concatenate([[0], np.flatnonzero(doc[1:] != doc[:-1]) + 1, [len(indices)]])
+    batches: List[np.ndarray] = []
+    cur: List[np.ndarray] = []
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        run = indices[a:b]
+        if cur:
+            cand = np.concatenate(cur + [run])
+            if len(cand) <= max_sentences and ds.memory_cost(cand) <= max_tokens:
+                cur.append(run)
+                continue
+            batches.append(np.concatenate(cur))
+            cur = []
+        if len(run) <= max_sentences and ds.memory_cost(run) <= max_tokens:
+            cur = [run]
+            continue
+        j = 0
+        while j < len(run):  # chunks; the cost grows with the chunk, find the largest
+            take = 0
+            while (j + take < len(run) and take + 1 <= max_sentences
+                   and ds.memory_cost(run[j:j + take + 1]) <= max_tokens):
+                take += 1
+            if take == 0:
+                i = int(run[j])
+                raise ValueError(
+                    f"sentence {i} (document {ds.doc_names[ds.doc_index[i]]!r}, position "
+                    f"{int(ds.sent_pos[i])}) with the document memory it needs takes "
+                    f"{ds.memory_cost(run[j:j + 1])} tokens, more than --max-tokens {max_tokens}; "
+                    "raise --max-tokens (a shared document memory is encoded in the batch)")
+            batches.append(run[j:j + take])
+            j += take
+    if cur:
+        batches.append(np.concatenate(cur))
     return batches
 
 

@@ -104,6 +104,12 @@ class DocumentTranslationConfig(TranslationConfig):
         default="none", metadata={"help": "whole-document context: online (all previous "
                                           "sentences) or offline (all other sentences); implies "
                                           "--document-batching"})
+    document_memory: bool = field(
+        default=False, metadata={"help": "with --document-context: batches carry the document "
+                                         "memory (every sentence of the batch's documents that "
+                                         "a sentence may see, each once: mem_src_tokens, ...) "
+                                         "instead of per-sentence context; for whole-document "
+                                         "models such as transformer_selective_doc"})
     document_batching: bool = field(
         default=False, metadata={"help": "batches of whole documents (or chunks of documents "
                                          "that exceed --max-tokens); shards keep documents whole"})
@@ -258,6 +264,17 @@ class DocumentTranslationTask(TranslationTask):
     def uses_context(self) -> bool:
         return self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0
 
+    def context_keys(self) -> List[str]:
+        """The ``net_input`` keys this task's batches carry context in."""
+        if self.cfg.document_memory:
+            return ["mem_src_tokens"]
+        keys = []
+        if self.cfg.source_context_size > 0:
+            keys.append("src_ctx_tokens")
+        if self.cfg.target_context_size > 0:
+            keys.append("tgt_ctx_tokens")
+        return keys
+
     def _data_path(self, split: str, epoch: int) -> str:
         paths = utils.split_paths(self.cfg.data)
         if split != self.cfg.train_subset:
@@ -282,7 +299,8 @@ class DocumentTranslationTask(TranslationTask):
             ablation=c.context_ablation, seed=c.seed, document_context=c.document_context,
             document_batching=c.document_batching, separator=self._separator(),
             tgt_context=tgt_context, max_src_context_tokens=c.max_source_positions,
-            max_tgt_context_tokens=c.max_target_positions, docids_path=docids_path)
+            max_tgt_context_tokens=c.max_target_positions, docids_path=docids_path,
+            document_memory=c.document_memory)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         tgt_file = self.cfg.target_context_file
@@ -409,8 +427,7 @@ class DocumentTranslationTask(TranslationTask):
         if not self.uses_context:
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
         ni = sample["net_input"]
-        key = "src_ctx_tokens" if self.cfg.source_context_size > 0 else "tgt_ctx_tokens"
-        if key not in ni:
+        if not any(k in ni for k in self.context_keys()):
             sample = self._restore_interactive_sample(sample)
         view = sample.pop("_view", None)
         if view is None or self.cfg.target_context_size <= 0:
@@ -503,12 +520,13 @@ class DocumentTranslationTask(TranslationTask):
         model = super().build_model(cfg, from_checkpoint)
         if self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0:
             params = inspect.signature(model.forward).parameters
-            takes = "src_ctx_tokens" in params or any(
+            key = self.context_keys()[0]
+            takes = key in params or any(
                 p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
             if not takes:
                 raise ValueError(
                     f"--arch {getattr(cfg, 'arch', type(model).__name__)} does not take document "
-                    "context (its forward has no src_ctx_tokens); use a context-aware "
+                    f"context (its forward has no {key}); use a context-aware "
                     "architecture or --source-context-size 0 --target-context-size 0")
         path = getattr(cfg, "init_from_sentence_checkpoint", None)
         if path and not from_checkpoint and hasattr(model, "load_sentence_checkpoint"):

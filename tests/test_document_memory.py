@@ -1,0 +1,115 @@
+"""Document memory batches (``--document-memory``): every sentence of a
+batch's documents that a query may see, each once; memory linear in the
+document; long documents seen whole (never truncated); chunks carry the
+memory they need and stay within --max-tokens."""
+
+import numpy as np
+import pytest
+import torch
+
+import ctx_fairseq  # noqa: F401
+from ctx_fairseq.data.document_dataset import memory_batches
+from test_document_task import setup_task, synthetic
+
+
+def _check_batch(ds, batch, online):
+    ni = batch["net_input"]
+    ids = batch["id"].numpy()
+    qd, qp = ni["query_doc"], ni["query_pos"]
+    md, mp = ni["mem_doc"], ni["mem_pos"]
+    assert torch.equal(qp, torch.from_numpy(ds.sent_pos[ids]))
+    docs = list(dict.fromkeys(ds.doc_index[ids].tolist()))
+    # memory: per document, positions 0..last visible, each once, document order
+    for k, d in enumerate(docs):
+        rows = (md == k).nonzero().flatten()
+        assert rows.numel() == 0 or torch.equal(rows, torch.arange(rows[0], rows[-1] + 1))
+        pos = mp[rows].tolist()
+        last = int(qp[qd == k].max())
+        n = last if online else int(ds.doc_len[d])
+        assert pos == list(range(n))
+        for r, p in zip(rows.tolist(), pos):
+            j = int(ds.doc_start[d]) + p
+            toks = ni["mem_src_tokens"][r]
+            toks = toks[toks.ne(ds.src_dict.pad())]
+            assert torch.equal(toks, ds.base.src[j])
+            assert int(ni["mem_src_lengths"][r]) == len(ds.base.src[j])
+    # the query's own row
+    for b, i in enumerate(ids):
+        r = int(ni["query_mem_row"][b])
+        if r >= 0:
+            assert int(md[r]) == int(qd[b]) and int(mp[r]) == int(qp[b])
+        else:
+            assert online and int(qp[b]) == int(qp[qd == qd[b]].max())
+    assert "src_ctx_tokens" not in ni
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_memory_holds_each_visible_sentence_once(online):
+    ds, _, _ = synthetic([1, 4, 7, 2, 9], document_context="online" if online else "offline",
+                         document_memory=True)
+    ids = ds.ordered_indices()
+    batches = ds.batch_by_size(ids, max_tokens=10_000)
+    assert len(batches) == 1
+    batch = ds.collater([ds[int(i)] for i in batches[0]])
+    _check_batch(ds, batch, online)
+    s = batch["net_input"]["mem_src_tokens"].size(0)
+    assert s == (len(ds) - 5 if online else len(ds))  # linear: one row per sentence
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_long_document_is_seen_whole_in_chunks_within_max_tokens(online):
+    ds, src, _ = synthetic([300, 3], document_context="online" if online else "offline",
+                           document_memory=True, max_src_context_tokens=64)
+    # with a shared memory a chunk encodes what its sentences can see, so chunks
+    # help only under a sentence limit; the whole visible document must fit
+    max_tokens = 2600
+    batches = memory_batches(ds, ds.ordered_indices(), max_tokens, max_sentences=100)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(ds)))
+    assert len(batches) > 1
+    for b in batches:
+        assert ds.memory_cost(b) <= max_tokens
+        batch = ds.collater([ds[int(i)] for i in b])
+        _check_batch(ds, batch, online)
+        ni = batch["net_input"]
+        enc = len(np.union1d(b, ds.memory_rows(b)[1])) * max(
+            ni["src_tokens"].size(1), ni["mem_src_tokens"].size(1))
+        assert enc <= max_tokens
+    # the last sentence of the long document sees all 299 others (no truncation at 64)
+    last = [b for b in batches if 299 in b.tolist()][0]
+    batch = ds.collater([ds[int(i)] for i in last])
+    row = batch["id"].tolist().index(299)
+    k = int(batch["net_input"]["query_doc"][row])
+    assert int((batch["net_input"]["mem_doc"] == k).sum()) == 299 + (0 if online else 1)
+
+
+def test_a_sentence_whose_memory_does_not_fit_is_a_clear_error():
+    ds, _, _ = synthetic([50], document_context="online", document_memory=True)
+    with pytest.raises(ValueError, match="with the document memory it needs takes"):
+        memory_batches(ds, ds.ordered_indices(), max_tokens=40)
+
+
+def test_memory_needs_document_context():
+    with pytest.raises(ValueError, match="--document-memory needs --document-context"):
+        synthetic([3], document_memory=True)
+
+
+def test_task_batches_with_target_memory(toy_bin):
+    task = setup_task(toy_bin, "--document-context", "online", "--document-memory",
+                      "--target-context-size", "1")
+    task.load_dataset("train")
+    ds = task.datasets["train"]
+    itr = task.get_batch_iterator(ds, max_tokens=600, seed=1, disable_iterator_cache=True)
+    seen = []
+    for batch in itr.next_epoch_itr(shuffle=True):
+        ni = batch["net_input"]
+        _check_batch(ds, batch, online=True)
+        assert ni["mem_tgt_tokens"].size(0) == ni["mem_src_tokens"].size(0)
+        for r in range(ni["mem_tgt_tokens"].size(0)):
+            d = list(dict.fromkeys(ds.doc_index[batch["id"].numpy()].tolist()))[
+                int(ni["mem_doc"][r])]
+            j = int(ds.doc_start[d]) + int(ni["mem_pos"][r])
+            t = ni["mem_tgt_tokens"][r]
+            assert torch.equal(t[t.ne(ds.tgt_dict.pad())], ds.base.tgt[j])
+        assert ds.memory_cost(batch["id"].numpy()) <= 600
+        seen.extend(batch["id"].tolist())
+    assert sorted(seen) == list(range(len(ds)))
