@@ -515,7 +515,9 @@ class DocumentContextDataset(FairseqDataset):
           sentence once;
         * ``mem_tgt_tokens`` / ``mem_tgt_lengths`` with target memory (target
           context on): the target side of the same sentences (references, or
-          ``tgt_context``), padded like the target.
+          ``tgt_context``), padded like the target, and ``mem_tgt_prev_tokens``
+          (the same with ``</s>`` moved to the front, fairseq's teacher-forcing
+          input).
         """
         ids = np.asarray(ids, dtype=np.int64)
         docs, mem = self.memory_rows(ids)
@@ -544,6 +546,11 @@ class DocumentContextDataset(FairseqDataset):
             out[f"mem_{side}_tokens"] = toks
             out[f"mem_{side}_lengths"] = torch.tensor([len(seqs[int(j)]) for j in mem],
                                                       dtype=torch.long)
+            if side == "tgt":  # teacher-forcing input, as fairseq's prev_output_tokens
+                out["mem_tgt_prev_tokens"] = (data_utils.collate_tokens(
+                    [seqs[int(j)].long() for j in mem], d.pad(), d.eos(), left_pad=left,
+                    move_eos_to_beginning=True, pad_to_multiple=self.pad_to_multiple)
+                    if len(mem) else toks.clone())
         return out
 
     def memory_cost(self, ids: np.ndarray) -> int:

@@ -43,7 +43,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 from fairseq.modules import LayerNorm
 from torch import Tensor
 
-from ctx_fairseq.models._fairseq_utils import to_namespace, wrap_layer
+from ctx_fairseq.models._fairseq_utils import load_sentence_checkpoint, to_namespace, wrap_layer
 from ctx_fairseq.modules.context_gate import ContextAwareEncoderLayer
 
 logger = logging.getLogger(__name__)
@@ -198,48 +198,8 @@ class TransformerContextAwareModel(TransformerModel):
 
     # --------------------------------------------------------- two-stage init
     def load_sentence_checkpoint(self, path: str) -> Dict[str, List[str]]:
-        """Copy every parameter/buffer whose name and shape match from a
-        sentence-level fairseq checkpoint; returns (and logs) the names
-        ``loaded``, ``fresh`` (not in the checkpoint) and ``unused`` (in the
-        checkpoint only). A name present in both with another shape is an
-        error (a different vocabulary or model size)."""
-        import os
-
-        from fairseq import checkpoint_utils
-
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"--init-from-sentence-checkpoint {path}: no such file")
-        state = checkpoint_utils.load_checkpoint_to_cpu(path)
-        theirs = state.get("model")
-        if not isinstance(theirs, dict):
-            raise ValueError(f"--init-from-sentence-checkpoint {path}: not a fairseq checkpoint "
-                             "(no 'model' state)")
-        own = self.state_dict()
-        loaded, fresh = [], []
-        for name, value in own.items():
-            if name not in theirs:
-                fresh.append(name)
-            elif tuple(theirs[name].shape) != tuple(value.shape):
-                raise ValueError(
-                    f"--init-from-sentence-checkpoint {path}: {name} has shape "
-                    f"{tuple(theirs[name].shape)} there but {tuple(value.shape)} here; expected "
-                    "the same vocabulary (data-bin) and model dimensions")
-            else:
-                loaded.append(name)
-        if not any(n.startswith("encoder.layers.") for n in loaded):
-            raise ValueError(f"--init-from-sentence-checkpoint {path}: no encoder layer matches; "
-                             "expected a sentence-level transformer checkpoint")
-        unused = sorted(n for n in theirs if n not in own)
-        with torch.no_grad():
-            for name in loaded:
-                own[name].copy_(theirs[name].to(own[name].dtype))
-        n_loaded = sum(own[n].numel() for n in loaded)
-        n_fresh = sum(own[n].numel() for n in fresh)
-        logger.info(f"init from sentence-level checkpoint {path}: loaded {len(loaded)} tensors "
-                    f"({n_loaded:,} values); fresh {len(fresh)} tensors ({n_fresh:,} values): "
-                    f"{', '.join(fresh) or '-'}; unused from the checkpoint: "
-                    f"{', '.join(unused) or '-'}")
-        return {"loaded": loaded, "fresh": fresh, "unused": unused}
+        """See :func:`ctx_fairseq.models._fairseq_utils.load_sentence_checkpoint`."""
+        return load_sentence_checkpoint(self, path)
 
     # ----------------------------------------------------------- demo / bench
     @staticmethod

@@ -529,13 +529,15 @@ class DocumentTranslationTask(TranslationTask):
                     f"context (its forward has no {key}); use a context-aware "
                     "architecture or --source-context-size 0 --target-context-size 0")
         path = getattr(cfg, "init_from_sentence_checkpoint", None)
-        if path and not from_checkpoint and hasattr(model, "load_sentence_checkpoint"):
-            restore = self.checkpoint_to_restore()
-            if restore:
-                logger.info(f"--init-from-sentence-checkpoint {path} not read: the run restores "
-                            f"{restore}, which already holds the initialised model")
-            else:
-                model.load_sentence_checkpoint(path)
+        restore = None if from_checkpoint else self.checkpoint_to_restore()
+        if path and restore:
+            logger.info(f"--init-from-sentence-checkpoint {path} not read: the run restores "
+                        f"{restore}, which already holds the initialised model")
+        init = path if (path and not from_checkpoint and not restore) else None
+        if hasattr(model, "finish_setup"):
+            model.finish_setup(init, new_run=not from_checkpoint and not restore)
+        elif init and hasattr(model, "load_sentence_checkpoint"):
+            model.load_sentence_checkpoint(init)
         if self.cfg.target_context_size > 0 and not getattr(model, "uses_target_context", False):
             logger.warning(f"{type(model).__name__} does not use target context; "
                            "--target-context-size only costs time")

@@ -1,0 +1,496 @@
+"""``transformer_selective_doc``: selective attention over the whole document
+(Maruf, Martins & Haffari, NAACL 2019, "Selective Attention for
+Context-aware Neural Machine Translation").
+
+A fairseq Transformer plus one Document-level Context Layer
+(:class:`ctx_fairseq.modules.selective_attention.DocumentContextLayer`,
+Eq. 3-8) beside the encoder stack (``--context-integration encoder``,
+monolingual context, Sec. 3.3) or beside the decoder stack (``decoder``,
+bilingual context). This file only wires the module into fairseq; the
+equations are in the module.
+
+Inputs (``--task document_translation --document-context online|offline
+--document-memory``): each batch carries its documents' memory, every
+sentence a query may see, once (``mem_src_tokens``, ``mem_doc``,
+``mem_pos``, ``query_doc``, ``query_pos``, ``query_mem_row``; with target
+context on, ``mem_tgt_tokens``), see
+:meth:`ctx_fairseq.data.document_dataset.DocumentContextDataset.collate_memory`.
+No document is truncated: a sentence sees every visible sentence of its
+document, and memory grows linearly with the document.
+
+Memory (``--context-memory``):
+
+* ``shared``: the memory comes from this model in the same forward pass, with
+  gradients. Encoder integration: the last encoder layer's states of the
+  memory sentences; a memory sentence that is also a query of the batch is
+  encoded once (``query_mem_row``). Decoder integration: the memory
+  sentences' sources are encoded (queries reused) and their targets decoded
+  with teacher forcing; keys are the last decoder layer's source-attention
+  outputs (the context vectors), values its output states.
+* ``frozen`` (the paper's: "the keys and values produced from the pre-trained
+  sentence-level NMT model"): the same computation by a frozen copy of the
+  sentence-level model (``memory_encoder`` / ``memory_decoder``, taken when
+  the model is built, i.e. from ``--init-from-sentence-checkpoint`` in stage
+  2, never trained, saved in the checkpoint), under ``torch.no_grad``; with
+  ``--freeze-sentence-level`` the model's own layers are that model and no
+  copy is made. Computed per batch (no activations kept); not cached across
+  batches (a document split into several batches is re-encoded for each).
+  Trade-off: ``frozen`` needs no backward through the memory (less memory
+  and time per step, the paper's setting, stable keys); ``shared`` adapts
+  the memory to the document model at the cost of a backward through it.
+
+What does not fit: the batch must hold what its sentences can see (the
+task's batching counts the memory in ``--max-tokens`` and cuts documents
+into chunks that carry the memory they need); a sentence whose visible
+document alone exceeds ``--max-tokens`` is an error there.
+
+Choices where the paper is silent:
+
+* Decoder-integration queries ``Q_s``, ``Q_w`` are the last decoder layer's
+  source-attention output (Sec. 3.3, Fig. 3); ``r`` (Eq. 7-8) is the decoder
+  stack output; the memory's word ``t`` is the state at the input position
+  of target word ``t`` (teacher forcing, the ``</s>`` that starts decoding
+  is not a word).
+* A sentence with no visible context is translated exactly as by the
+  sentence-level part (``d = 0``, ``r~ = r``; see the module).
+* Incremental decoding: the decoder memory is computed at the first step of
+  a batch and kept in the incremental state; beam reordering touches only
+  ``query_doc``/``query_pos`` (in ``encoder_out``), never the memory.
+* Two-stage training: ``--init-from-sentence-checkpoint`` (stage 1: a
+  ``transformer``); ``--freeze-sentence-level`` trains only the context layer.
+"""
+
+import copy
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.models.transformer.transformer_legacy import base_architecture
+from fairseq.modules import MultiheadAttention
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from torch import Tensor
+
+from ctx_fairseq.models._fairseq_utils import load_sentence_checkpoint, to_namespace, wrap_layer
+from ctx_fairseq.modules.selective_attention import DocumentContextLayer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TransformerSelectiveDocModel", "SelectiveDocEncoder", "SelectiveDocDecoder"]
+
+MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "mem_doc",
+               "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
+               "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask")
+#: follow the beam (one row per query sentence); every other key is per document
+QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
+
+
+def _context_layer(args, embed_dim: int, heads: int, ffn: int) -> DocumentContextLayer:
+    return DocumentContextLayer(
+        embed_dim, heads, ffn, attention=args.doc_attention, sentence_attn=args.sentence_attn,
+        word_attn=args.word_attn, selective=not args.dense_doc_attention,
+        dropout=args.dropout, attention_dropout=args.attention_dropout,
+        activation_dropout=getattr(args, "activation_dropout", 0.0) or 0.0,
+        activation_fn=getattr(args, "activation_fn", "relu") or "relu")
+
+
+def _real_words(tokens: Tensor, dictionary) -> Tensor:
+    """True at real words (not padding, ``</s>`` or ``<s>``)."""
+    return tokens.ne(dictionary.pad()) & tokens.ne(dictionary.eos()) & tokens.ne(dictionary.bos())
+
+
+def _align(states: Tensor, width: int, left_pad: bool) -> Tensor:
+    """``T x N x C`` padded on the left (or right) -> ``width x N x C``."""
+    extra = width - states.size(0)
+    if extra <= 0:
+        return states
+    pad = states.new_zeros(extra, states.size(1), states.size(2))
+    return torch.cat([pad, states], 0) if left_pad else torch.cat([states, pad], 0)
+
+
+class _EvalMode:
+    """Run a module in eval mode (no dropout) and restore its mode."""
+
+    def __init__(self, module):
+        self.module, self.was = module, module.training
+
+    def __enter__(self):
+        self.module.train(False)
+
+    def __exit__(self, *exc):
+        self.module.train(self.was)
+
+
+class SelectiveDocEncoder(TransformerEncoderBase):
+    """fairseq's encoder. With encoder integration its output goes through
+    the Document-level Context Layer (queries: the output; memory: the
+    document's sentences). It also encodes the memory sentences' sources
+    (``mem_encoder_out``) and passes the memory inputs on in ``encoder_out``
+    for decoder integration."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, args):
+        super().__init__(cfg, dictionary, embed_tokens)
+        self.args = args
+        self.online = args.document_context_mode == "online"
+        self.context_layer = None
+        if args.context_integration == "encoder":
+            self.context_layer = _context_layer(args, cfg.encoder.embed_dim,
+                                                cfg.encoder.attention_heads,
+                                                cfg.encoder.ffn_embed_dim)
+        self.memory_encoder: Optional[TransformerEncoderBase] = None  # frozen copy
+        self.record_stats = False
+        self.last_info: Optional[Dict[str, Tensor]] = None
+
+    def memory_states(self, src_tokens: Tensor, enc_q: Tensor,
+                      doc: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+        """The memory sentences' last-layer states (``W x S x C``) and tokens
+        (``S x W``), padded like the source. ``shared``: a memory sentence that
+        is a query of the batch reuses the query's states (``enc_q``), the
+        others are encoded here; ``frozen``: the frozen stage-1 encoder (or this
+        encoder, when the sentence level is frozen) without gradients, in eval
+        mode."""
+        mem, lengths = doc["mem_src_tokens"], doc["mem_src_lengths"]
+        if self.args.context_memory == "frozen":
+            enc = self.memory_encoder if self.memory_encoder is not None else self
+            with torch.no_grad(), _EvalMode(enc):
+                states = TransformerEncoderBase.forward_scriptable(enc, mem, lengths)
+            return states["encoder_out"][0].detach(), mem
+        left = bool(self.args.left_pad_source)
+        row = doc["query_mem_row"]
+        S = mem.size(0)
+        width = max(mem.size(1), src_tokens.size(1))
+        source = torch.full((S,), -1, dtype=torch.long, device=mem.device)
+        qb = (row >= 0).nonzero().squeeze(1)
+        source[row[qb]] = qb
+        extra = (source < 0).nonzero().squeeze(1)
+        parts = [_align(enc_q, width, left)]
+        if extra.numel():
+            e_out = TransformerEncoderBase.forward_scriptable(
+                self, mem.index_select(0, extra), lengths.index_select(0, extra))
+            parts.append(_align(e_out["encoder_out"][0], width, left))
+            source[extra] = enc_q.size(1) + torch.arange(extra.numel(), device=mem.device)
+        states = torch.cat(parts, 1).index_select(1, source)
+        padding = (width - mem.size(1), 0) if left else (0, width - mem.size(1))
+        return states, F.pad(mem, padding, value=self.padding_idx)
+
+    def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
+                return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
+                **doc):
+        if "mem_src_tokens" not in doc or doc["mem_src_tokens"] is None:
+            raise ValueError("transformer_selective_doc needs the document memory in each batch: "
+                             "--task document_translation --document-context online|offline "
+                             "--document-memory")
+        out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
+                                      token_embeddings)
+        for key in MEMORY_KEYS:
+            if doc.get(key) is not None:
+                out[key] = [doc[key]]
+        r = out["encoder_out"][0]
+        states, mem_tokens = self.memory_states(src_tokens, r, doc)
+        if self.context_layer is None:  # decoder integration: the decoder attends to these
+            out["mem_encoder_out"] = [states]
+            out["mem_encoder_padding_mask"] = [mem_tokens.eq(self.padding_idx)]
+            return out
+        words = states.transpose(0, 1)
+        memory = self.context_layer.project_memory(
+            words, words, _real_words(mem_tokens, self.dictionary), doc["mem_doc"],
+            doc["mem_pos"])
+        pad_mask = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else None
+        r_tilde, info = self.context_layer(
+            r, memory, doc["query_doc"], doc["query_pos"], self.online,
+            query_padding_mask=pad_mask, need_weights=self.record_stats,
+            return_stats=self.record_stats)
+        out["encoder_out"] = [r_tilde]
+        self.last_info = info
+        return out
+
+    @torch.jit.export
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        out = super().reorder_encoder_out(encoder_out, new_order)
+        for key in MEMORY_KEYS:
+            vals = encoder_out.get(key, [])
+            if vals:
+                # the queries follow the beam; the memory is per document and stays
+                out[key] = [vals[0].index_select(0, new_order)] if key in QUERY_KEYS else vals
+        return out
+
+
+class _RecordingAttention(MultiheadAttention):
+    """fairseq's encoder-decoder attention that keeps its last output (the
+    source-attention context vectors, ``T x B x C``) for the context layer."""
+
+    last_output: Optional[Tensor] = None
+
+    def forward(self, *args, **kwargs):
+        out, weights = super().forward(*args, **kwargs)
+        self.last_output = out
+        return out, weights
+
+
+class _RecordingDecoderLayer(TransformerDecoderLayerBase):
+    def build_encoder_attention(self, embed_dim, cfg):
+        return _RecordingAttention(
+            embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+            encoder_decoder_attention=True, q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.encoder.xformers_att_config)
+
+
+class SelectiveDocDecoder(TransformerDecoderBase):
+    """fairseq's decoder; with decoder integration its features go through
+    the Document-level Context Layer before the output projection. Queries:
+    the last layer's source-attention output; memory: the document's target
+    sentences decoded with teacher forcing (keys: the last layer's
+    source-attention outputs; values: the decoder output states), computed
+    once per batch (at the first step of incremental decoding, then kept in
+    the incremental state)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, args, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        self.args = args
+        self.online = args.document_context_mode == "online"
+        self.context_layer = None
+        if args.context_integration == "decoder":
+            if no_encoder_attn:
+                raise ValueError("decoder integration needs the encoder-decoder attention")
+            self.context_layer = _context_layer(args, cfg.decoder.embed_dim,
+                                                cfg.decoder.attention_heads,
+                                                cfg.decoder.ffn_embed_dim)
+        self.memory_decoder: Optional[TransformerDecoderBase] = None  # frozen copy
+        self.record_stats = False
+        self.last_info: Optional[Dict[str, Tensor]] = None
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return wrap_layer(_RecordingDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    @staticmethod
+    def _last_attention(decoder) -> _RecordingAttention:
+        layer = decoder.layers[-1]
+        layer = getattr(layer, "_checkpoint_wrapped_module", layer)
+        return layer.encoder_attn
+
+    def memory_states(self, encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor, Tensor]:
+        """Keys (last-layer source-attention outputs), values (decoder output
+        states), both ``S x L x C``, and the real-word mask ``S x L`` of the
+        memory's target sentences, decoded with teacher forcing."""
+        if "mem_tgt_prev_tokens" not in encoder_out:
+            raise ValueError("decoder integration needs the target side of the document memory: "
+                             "--target-context-size 1 with --document-memory (training: the "
+                             "references; generation: --target-context-file FILE or "
+                             "--gold-target-context)")
+        prev = encoder_out["mem_tgt_prev_tokens"][0]
+        mem_enc = {"encoder_out": encoder_out["mem_encoder_out"],
+                   "encoder_padding_mask": encoder_out["mem_encoder_padding_mask"]}
+        frozen = self.args.context_memory == "frozen"
+        dec = self.memory_decoder if (frozen and self.memory_decoder is not None) else self
+        if frozen:
+            with torch.no_grad(), _EvalMode(dec):
+                x, _ = TransformerDecoderBase.extract_features_scriptable(dec, prev, mem_enc)
+                keys = self._last_attention(dec).last_output
+            x, keys = x.detach(), keys.detach()
+        else:
+            x, _ = TransformerDecoderBase.extract_features_scriptable(dec, prev, mem_enc)
+            keys = self._last_attention(dec).last_output
+        return keys.transpose(0, 1), x, _real_words(prev, self.dictionary)
+
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
+                         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                         full_context_alignment: bool = False,
+                         alignment_layer: Optional[int] = None,
+                         alignment_heads: Optional[int] = None):
+        x, extra = self.extract_features_scriptable(
+            prev_output_tokens, encoder_out, incremental_state, full_context_alignment,
+            alignment_layer, alignment_heads)
+        if self.context_layer is None:
+            return x, extra
+        query = self._last_attention(self).last_output  # T x B x C (read before the memory)
+        cached = incremental_state.get("selective_doc_memory") if incremental_state is not None \
+            else None
+        if cached is not None:
+            memory = cached["memory"]
+        else:
+            keys, values, words = self.memory_states(encoder_out)
+            memory = self.context_layer.project_memory(
+                keys, values, words, encoder_out["mem_doc"][0], encoder_out["mem_pos"][0])
+            if incremental_state is not None:
+                incremental_state["selective_doc_memory"] = {"memory": memory}
+        pad_mask = prev_output_tokens.eq(self.padding_idx) if incremental_state is None else None
+        r_tilde, info = self.context_layer(
+            x.transpose(0, 1), memory, encoder_out["query_doc"][0], encoder_out["query_pos"][0],
+            self.online, query=query, query_padding_mask=pad_mask,
+            need_weights=self.record_stats, return_stats=self.record_stats)
+        self.last_info = info
+        return r_tilde.transpose(0, 1), extra
+
+
+@register_model("transformer_selective_doc")
+class TransformerSelectiveDocModel(TransformerModel):
+    """Selective attention over the whole document (Maruf et al., 2019); see
+    the module docstring. Use with ``--task document_translation
+    --document-context online|offline --document-memory`` (decoder
+    integration: also ``--target-context-size 1``)."""
+
+    uses_target_context = True
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--doc-attention", choices=["hierarchical", "flat-sentence",
+                                                        "flat-word"],
+                            help="hierarchical (Eq. 3-5) or the flat baselines (Eq. 6)")
+        parser.add_argument("--sentence-attn", choices=["sparsemax", "softmax"],
+                            help="sentence-level normaliser (Eq. 3; default sparsemax)")
+        parser.add_argument("--word-attn", choices=["softmax", "sparsemax"],
+                            help="word-level normaliser (Eq. 4): softmax (sparse-soft, "
+                                 "default) or sparsemax (sparse-sparse)")
+        parser.add_argument("--context-integration", choices=["encoder", "decoder"],
+                            help="encoder (monolingual) or decoder (bilingual) context")
+        parser.add_argument("--context-memory", choices=["shared", "frozen"],
+                            help="memory from this model with gradients (shared) or from the "
+                                 "frozen stage-1 model (frozen, the paper's)")
+        parser.add_argument("--dense-doc-attention", action="store_true",
+                            help="word attention over every sentence (the reference path) "
+                                 "instead of the sentence-sparsemax support only")
+        parser.add_argument("--freeze-sentence-level", action="store_true",
+                            help="stage 2: train only the Document-level Context Layer")
+        parser.add_argument("--init-from-sentence-checkpoint", type=str, metavar="PATH",
+                            help="stage 2: initialise every parameter whose name and shape "
+                                 "match from this sentence-level transformer checkpoint")
+
+    @classmethod
+    def build_model(cls, args, task):
+        args = to_namespace(args)
+        selective_doc_base_architecture(args)
+        tcfg = getattr(task, "cfg", None)
+        mode = getattr(tcfg, "document_context", None) if tcfg is not None else None
+        memory = bool(getattr(tcfg, "document_memory", False)) if tcfg is not None else False
+        if tcfg is not None and (mode not in ("online", "offline") or not memory):
+            raise ValueError("transformer_selective_doc needs --task document_translation "
+                             "--document-context online|offline --document-memory")
+        args.document_context_mode = str(mode) if mode is not None else "online"
+        args.left_pad_source = bool(getattr(tcfg, "left_pad_source", True))
+        if args.context_integration == "decoder" and tcfg is not None and \
+                int(getattr(tcfg, "target_context_size", 0)) <= 0:
+            raise ValueError("--context-integration decoder needs the target side of the "
+                             "document memory: --target-context-size 1")
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return SelectiveDocEncoder(TransformerConfig.from_namespace(args), src_dict,
+                                   embed_tokens, args)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return SelectiveDocDecoder(cfg, tgt_dict, embed_tokens, args,
+                                   no_encoder_attn=cfg.no_cross_attention)
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        self.args = args
+
+    # ------------------------------------------------------------- two stages
+    def sentence_level_parameters(self):
+        """Everything except the Document-level Context Layer (and frozen copies)."""
+        for name, p in self.named_parameters():
+            if ".context_layer." not in f".{name}" and "memory_" not in name:
+                yield name, p
+
+    def finish_setup(self, init_path: Optional[str], new_run: bool) -> None:
+        """Called by the ``document_translation`` task once the model is built:
+        stage-2 initialisation (``init_path``), the frozen memory copies (taken
+        after it; a checkpoint being restored overwrites them with its own),
+        and ``--freeze-sentence-level``."""
+        frozen = self.args.context_memory == "frozen"
+        if new_run and frozen and not init_path:
+            raise ValueError("--context-memory frozen takes the memory from the stage-1 "
+                             "sentence-level model: give --init-from-sentence-checkpoint PATH "
+                             "(or use --context-memory shared)")
+        if init_path:
+            load_sentence_checkpoint(self, init_path)
+        if frozen and not self.args.freeze_sentence_level:
+            self._make_frozen_copies()
+        if self.args.freeze_sentence_level:
+            for _, p in self.sentence_level_parameters():
+                p.requires_grad_(False)
+
+    def load_sentence_checkpoint(self, path: str):
+        return load_sentence_checkpoint(self, path)
+
+    def _make_frozen_copies(self) -> None:
+        """Frozen copies of the sentence-level encoder (and decoder, for
+        decoder integration) as they are now, for ``--context-memory frozen``."""
+        enc_layer, self.encoder.context_layer = self.encoder.context_layer, None
+        enc = copy.deepcopy(self.encoder)
+        self.encoder.context_layer = enc_layer
+        enc.memory_encoder = None
+        for p in enc.parameters():
+            p.requires_grad_(False)
+        self.encoder.memory_encoder = enc
+        if self.args.context_integration == "decoder":
+            dec_layer, self.decoder.context_layer = self.decoder.context_layer, None
+            dec = copy.deepcopy(self.decoder)
+            self.decoder.context_layer = dec_layer
+            dec.memory_decoder = None
+            for p in dec.parameters():
+                p.requires_grad_(False)
+            self.decoder.memory_decoder = dec
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer: Optional[int] = None,
+                alignment_heads: Optional[int] = None, **doc):
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths,
+                                   return_all_hiddens=return_all_hiddens, **doc)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out,
+                            features_only=features_only, alignment_layer=alignment_layer,
+                            alignment_heads=alignment_heads, src_lengths=src_lengths,
+                            return_all_hiddens=return_all_hiddens)
+
+    def context_stats(self) -> Dict[str, Any]:
+        """The last forward's context statistics (support sizes, gate)."""
+        layer = self.encoder if self.encoder.context_layer is not None else self.decoder
+        return layer.last_info or {}
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def _default(args, name, value):
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
+def selective_doc_base_architecture(args):
+    _default(args, "doc_attention", "hierarchical")
+    _default(args, "sentence_attn", "sparsemax")
+    _default(args, "word_attn", "softmax")
+    _default(args, "context_integration", "encoder")
+    _default(args, "context_memory", "shared")
+    _default(args, "dense_doc_attention", False)
+    _default(args, "freeze_sentence_level", False)
+    _default(args, "init_from_sentence_checkpoint", None)
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_selective_doc", "transformer_selective_doc")
+def transformer_selective_doc(args):
+    selective_doc_base_architecture(args)
+
+
+@register_model_architecture("transformer_selective_doc", "transformer_selective_doc_tiny")
+def transformer_selective_doc_tiny(args):
+    for side in ("encoder", "decoder"):
+        _default(args, f"{side}_embed_dim", 64)
+        _default(args, f"{side}_ffn_embed_dim", 128)
+        _default(args, f"{side}_attention_heads", 4)
+        _default(args, f"{side}_layers", 2)
+    selective_doc_base_architecture(args)
