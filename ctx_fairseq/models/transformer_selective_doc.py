@@ -340,6 +340,51 @@ class TransformerSelectiveDocModel(TransformerModel):
 
     uses_target_context = True
 
+    # ------------------------------------------------------------ ctx-demo hooks
+    @staticmethod
+    def _integration(arch: str) -> str:
+        import argparse
+
+        from fairseq.models import ARCH_CONFIG_REGISTRY
+
+        ns = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[arch](ns)
+        return ns.context_integration
+
+    @classmethod
+    def demo_train_args(cls, arch: str) -> List[str]:
+        args = ["--task", "document_translation", "--document-context", "online",
+                "--document-memory"]
+        if cls._integration(arch) == "decoder":
+            args += ["--target-context-size", "1"]
+        return args
+
+    @classmethod
+    def demo_generate_args(cls, arch: str) -> List[str]:
+        return cls.demo_train_args(arch)
+
+    @classmethod
+    def demo_generate_command(cls, arch: str, python: str, data: str, ckpt: str,
+                              out_dir: str) -> Optional[List[str]]:
+        """Decoder integration translates by two-pass iterative decoding (the
+        first pass without target context)."""
+        if cls._integration(arch) != "decoder":
+            return None
+        return [python, "-m", "ctx_fairseq.cli.iterative_decode", data, "--path", ckpt,
+                "--out-dir", out_dir, "--gen-subset", "test", "--beam", "4",
+                "--max-tokens", "8000", "--", *cls.demo_generate_args(arch)]
+
+    @classmethod
+    def demo_contrastive(cls, ckpt: str, data_dir: str, jsonl: str, ablation: str = "none",
+                         split: str = "test") -> Dict:
+        """Contrastive accuracy with each record's whole document as memory
+        (decoder integration: the reference translations of the other
+        sentences as target memory, as contrastive test sets are scored)."""
+        from ctx_fairseq.eval.context_aware_analysis import contrastive_with_context
+
+        return contrastive_with_context(ckpt, data_dir, jsonl, ablation=ablation, split=split,
+                                        gold_target_context=True)
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
@@ -483,6 +528,13 @@ def selective_doc_base_architecture(args):
 
 @register_model_architecture("transformer_selective_doc", "transformer_selective_doc")
 def transformer_selective_doc(args):
+    selective_doc_base_architecture(args)
+
+
+@register_model_architecture("transformer_selective_doc", "transformer_selective_doc_dec")
+def transformer_selective_doc_dec(args):
+    """Decoder (bilingual) integration."""
+    _default(args, "context_integration", "decoder")
     selective_doc_base_architecture(args)
 
 

@@ -590,6 +590,8 @@ class DocumentTranslationTask(TranslationTask):
                 raise ValueError(
                     f"line {i} of {split} is in document {ds.doc_names[ds.doc_index[i]]!r} "
                     f"({ds.docids_path}), but the record says {doc_ids[k]!r}")
+        if ds.document_memory:
+            return ds.collate_memory(np.asarray(line_ids, dtype=np.int64))
         for side in ("src", "tgt"):
             if side in ds.windows:
                 out.update(ds.collate_context([ds.context_tokens(i, side) for i in line_ids],
