@@ -53,6 +53,7 @@ setup(
             "ctx-dc-params = ctx_fairseq.models.transformer_dc:params_cli_main",
             "ctx-hybrid-gates = ctx_fairseq.cli.entry_points:hybrid_gates",
             "ctx-context-aware-analysis = ctx_fairseq.cli.entry_points:context_aware_analysis",
+            "ctx-iterative-decode = ctx_fairseq.cli.iterative_decode:cli_main",
         ]
     },
 )

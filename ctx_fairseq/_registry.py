@@ -39,6 +39,9 @@ def plugin_architectures() -> List[str]:
 
 
 def default_demo_archs() -> List[str]:
-    """The sentence-level baseline plus each plugin model's base architecture
-    (the architecture named like the model itself)."""
-    return ["transformer"] + list(plugin_models())
+    """The sentence-level baseline plus each plugin model's demo architectures
+    (``demo_archs``; default: the architecture named like the model)."""
+    archs = ["transformer"]
+    for name, cls in plugin_models().items():
+        archs.extend(getattr(cls, "demo_archs", [name]))
+    return archs

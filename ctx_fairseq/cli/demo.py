@@ -12,9 +12,15 @@ the steps it affects. A failed step stops the demo with the command and the
 path of its log.
 
 A plugin model class may set ``demo_train_args`` / ``demo_generate_args``
-(lists of extra command-line arguments, e.g. a document-level task) and
-``demo_contrastive`` (a function ``(checkpoint, data_dir, jsonl) -> result``)
-to take part in the demo; sentence-level models need none of them.
+(lists of extra command-line arguments, e.g. a document-level task, or
+functions of the architecture name returning them),
+``demo_generate_command(arch, python, data, checkpoint, out_dir)`` (a whole
+command whose standard output replaces fairseq-generate's, e.g. iterative
+decoding; None for the default) and ``demo_contrastive`` (a function
+``(checkpoint, data_dir, jsonl) -> result``) to take part in the demo;
+sentence-level models need none of them. ``demo_archs`` lists the
+architectures a model adds to the default ``--archs`` (default: the one named
+like the model).
 """
 
 import argparse
@@ -147,7 +153,7 @@ class Demo:
         ckpt = os.path.join(ckpt_dir, "checkpoint_last.pt")
         train_cmd = [
             py, "-m", "fairseq_cli.train", binned, "--user-dir", USER_DIR, "--arch", arch,
-            *DEMO_MODEL_ARGS, *getattr(cls, "demo_train_args", []),
+            *DEMO_MODEL_ARGS, *_hook_args(cls, "demo_train_args", arch),
             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3",
             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -162,8 +168,12 @@ class Demo:
         gen_cmd = [
             py, "-m", "fairseq_cli.generate", binned, "--user-dir", USER_DIR, "--path", ckpt,
             "--gen-subset", "test", "--beam", "4", "--max-tokens", "8000", "--num-workers", "0",
-            *getattr(cls, "demo_generate_args", []),
+            *_hook_args(cls, "demo_generate_args", arch),
         ]
+        custom = getattr(cls, "demo_generate_command", None)
+        if custom is not None:
+            gen_cmd = custom(arch, py, binned, ckpt,
+                             os.path.join(self.work, "generate", arch)) or gen_cmd
         gen_key = self.run_step(f"generate-{arch}", f"fairseq-generate {arch}", gen_cmd, [gen],
                                 stdout_path=gen, depends=[train_key])
         res_path = os.path.join(self.work, "results", f"{arch}.json")
@@ -175,6 +185,11 @@ class Demo:
         )
         with open(res_path, encoding="utf-8") as f:
             return json.load(f)
+
+
+def _hook_args(cls, name: str, arch: str) -> List[str]:
+    value = getattr(cls, name, [])
+    return list(value(arch) if callable(value) else value)
 
 
 def _last_num_updates(log_path: str) -> int:
