@@ -46,7 +46,9 @@ Choices where the paper is silent:
   online, one-sentence documents, a document absent from the memory) gets an
   attention output of exactly 0 (the ``W^O`` bias is not added), and
   :class:`DocumentContextLayer` bypasses it: ``d = 0`` and ``r~ = r`` exactly
-  (``torch.where``), i.e. it is translated as by the sentence-level model.
+  (``torch.where``), i.e. it is translated as by the sentence-level model. When
+  no query of a batch has context, every parameter still gets an (all-zero)
+  gradient, so DDP without ``find_unused_parameters`` does not fail.
 * **Gate biases.** ``W_r`` and ``W_d`` have no bias: Eq. 7 writes none (unlike
   the gate of Voita et al. 2018, which writes ``b_g``) and we follow it
   literally; the one case where a constant preference for ``r`` would matter
@@ -223,7 +225,8 @@ class HierarchicalContextAttention(nn.Module):
             raise ValueError(f"sentence_attn/word_attn: expected one of {NORMALIZERS}, "
                              f"got {sentence_attn!r}/{word_attn!r}")
         if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -411,8 +414,11 @@ class HierarchicalContextAttention(nn.Module):
         real_tok = (~query_padding_mask.to(torch.bool) if query_padding_mask is not None
                     else torch.ones(B, T, dtype=torch.bool, device=query.device))
 
-        q_s = (self.q_s_proj(query) * self.scaling).view(T, B, H, hd) if self.uses_sentences else None
-        q_w = (self.q_w_proj(query) * self.scaling).view(T, B, H, hd) if self.uses_words else None
+        q_s = q_w = None
+        if self.uses_sentences:
+            q_s = (self.q_s_proj(query) * self.scaling).view(T, B, H, hd)
+        if self.uses_words:
+            q_w = (self.q_w_proj(query) * self.scaling).view(T, B, H, hd)
         q_s_parts = torch.split(q_s, sizes, dim=1) if q_s is not None else None
         q_w_parts = torch.split(q_w, sizes, dim=1) if q_w is not None else None
         pos_parts = torch.split(query_pos, sizes, dim=0)
@@ -466,6 +472,11 @@ class HierarchicalContextAttention(nn.Module):
         out = self.out_proj(out.reshape(T, B, C))
         has_context = torch.cat(has_ctx, 0)
         out = out.masked_fill(~has_context.view(1, B, 1), 0.0)
+        if torch.is_grad_enabled() and not bool(has_context.any()):
+            # no query of the batch has context: keep every parameter in the graph
+            # (exactly zero gradient), so that DDP without find_unused_parameters
+            # does not stall on a batch of first sentences
+            out = out + 0.0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
 
         info: Dict[str, Tensor] = {}
         inv = None

@@ -1,0 +1,630 @@
+"""Selective attention document-context layer (Maruf et al. 2019, Eq. 3-8):
+exact masking, a naive per-query reference, visibility, empty context,
+selective == dense (values and gradients), per-document cost, padding
+invariance, sentence keys, gate bypass, incremental steps and beam reorder."""
+
+import math
+from dataclasses import dataclass, replace
+from typing import List, Sequence, Tuple
+
+import pytest
+import torch
+from entmax import sparsemax
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ctx_fairseq.modules.selective_attention import (
+    ContextGating,
+    DocumentContextLayer,
+    HierarchicalContextAttention,
+    masked_normalize,
+)
+
+DT = torch.float64
+C, H = 8, 2
+
+MODES = [  # (attention, sentence_attn, word_attn)
+    ("hierarchical", "sparsemax", "softmax"),   # sparse-soft
+    ("hierarchical", "sparsemax", "sparsemax"),  # sparse-sparse
+    ("hierarchical", "softmax", "softmax"),     # ablation
+    ("flat-sentence", "softmax", "softmax"),
+    ("flat-word", "softmax", "softmax"),
+]
+MODE_IDS = ["sparse-soft", "sparse-sparse", "soft-soft", "flat-sentence", "flat-word"]
+
+
+@dataclass
+class Mem:
+    keys: torch.Tensor    # S x L x C
+    values: torch.Tensor  # S x L x C
+    mask: torch.Tensor    # S x L
+    doc: torch.Tensor
+    pos: torch.Tensor
+
+    def args(self):
+        return self.keys, self.values, self.mask, self.doc, self.pos
+
+
+def make_memory(doc_sizes: Sequence[int], doc_ids: Sequence[int] = None, L: int = 7,
+                seed: int = 0, max_words: int = None, empty: Sequence[int] = ()) -> Mem:
+    """Column 0 = BOS, then ``n`` real words, then EOS, then padding (all with
+    random vectors; only the real words are in the mask). ``empty``: global rows
+    with no real word."""
+    g = torch.Generator().manual_seed(seed)
+    doc_ids = list(doc_ids) if doc_ids is not None else list(range(len(doc_sizes)))
+    S = sum(doc_sizes)
+    keys = torch.randn(S, L, C, generator=g, dtype=DT)
+    values = torch.randn(S, L, C, generator=g, dtype=DT)
+    mask = torch.zeros(S, L, dtype=torch.bool)
+    hi = min(max_words or L - 2, L - 2)
+    for s in range(S):
+        if s not in empty:
+            n = int(torch.randint(1, hi + 1, (1,), generator=g))
+            mask[s, 1:1 + n] = True
+    doc = torch.tensor([d for d, n in zip(doc_ids, doc_sizes) for _ in range(n)])
+    pos = torch.cat([torch.arange(n) for n in doc_sizes]) if S else torch.zeros(0, dtype=torch.long)
+    return Mem(keys, values, mask, doc, pos)
+
+
+def make_queries(spec: Sequence[Tuple[int, int]], T: int = 3, seed: int = 1, scale: float = 4.0):
+    g = torch.Generator().manual_seed(seed)
+    q = scale * torch.randn(T, len(spec), C, generator=g, dtype=DT)
+    qd = torch.tensor([d for d, _ in spec])
+    qp = torch.tensor([p for _, p in spec])
+    return q, qd, qp
+
+
+def build(attention="hierarchical", sentence_attn="sparsemax", word_attn="softmax",
+          selective=True, seed=0, **kw) -> HierarchicalContextAttention:
+    torch.manual_seed(seed)
+    m = HierarchicalContextAttention(C, H, attention=attention, sentence_attn=sentence_attn,
+                                     word_attn=word_attn, selective=selective, **kw)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:  # nonzero biases so that bias handling is visible
+                p.add_(0.3 * torch.randn_like(p))
+    return m.double()
+
+
+def run(m, mem: Mem, q, qd, qp, online, **kw):
+    pm = m.project_memory(*mem.args())
+    return m(q, pm, qd, qp, online, **kw)
+
+
+def visible(mem: Mem, doc: int, pos: int, online: bool) -> List[int]:
+    return [s for s in range(mem.keys.size(0))
+            if int(mem.doc[s]) == doc and bool(mem.mask[s].any())
+            and (int(mem.pos[s]) < pos if online else int(mem.pos[s]) != pos)]
+
+
+def reference(m: HierarchicalContextAttention, mem: Mem, q, qd, qp, online):
+    """Eq. 3-6 written per (query sentence, token, head) over the visible
+    sentences only (no masking tricks)."""
+    def lin(layer, x):
+        return x @ layer.weight.T + layer.bias
+
+    def norm(kind, x):
+        return sparsemax(x, dim=-1) if kind == "sparsemax" else torch.softmax(x, dim=-1)
+
+    T, B, _ = q.shape
+    d = m.head_dim
+    out = torch.zeros(T, B, C, dtype=DT)
+    for b in range(B):
+        vis = visible(mem, int(qd[b]), int(qp[b]), online)
+        if not vis:
+            continue
+        words = [mem.mask[j].nonzero().squeeze(1) for j in vis]
+        for t in range(T):
+            x = q[t, b]
+            heads = []
+            for h in range(H):
+                sl = slice(h * d, (h + 1) * d)
+                if m.uses_sentences:
+                    qs = lin(m.q_s_proj, x)[sl] / math.sqrt(d)
+                    ks = torch.stack([lin(m.k_s_proj, mem.keys[j, w].mean(0))[sl]
+                                      for j, w in zip(vis, words)])
+                if m.uses_words:
+                    qw = lin(m.q_w_proj, x)[sl] / math.sqrt(d)
+                if m.attention == "flat-sentence":
+                    vs = torch.stack([lin(m.v_proj, mem.values[j, w].mean(0))[sl]
+                                      for j, w in zip(vis, words)])
+                    heads.append(torch.softmax(ks @ qs, -1) @ vs)
+                elif m.attention == "flat-word":
+                    kw = torch.cat([lin(m.k_w_proj, mem.keys[j, w])[:, sl]
+                                    for j, w in zip(vis, words)])
+                    vw = torch.cat([lin(m.v_proj, mem.values[j, w])[:, sl]
+                                    for j, w in zip(vis, words)])
+                    heads.append(torch.softmax(kw @ qw, -1) @ vw)
+                else:
+                    a_s = norm(m.sentence_attn, ks @ qs)  # Eq. 3
+                    o = torch.zeros(d, dtype=DT)
+                    for a_j, j, w in zip(a_s, vis, words):
+                        kw = lin(m.k_w_proj, mem.keys[j, w])[:, sl]
+                        vw = lin(m.v_proj, mem.values[j, w])[:, sl]
+                        o = o + a_j * (norm(m.word_attn, kw @ qw) @ vw)  # Eq. 4-5
+                    heads.append(o)
+            out[t, b] = lin(m.out_proj, torch.cat(heads))
+    return out
+
+
+class NumelLog(TorchDispatchMode):
+    """Largest and total number of elements of the tensors ops produce."""
+
+    def __init__(self):
+        super().__init__()
+        self.max = 0
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.max = max(self.max, t.numel())
+                self.total += t.numel()
+        return out
+
+
+# a batch with several documents of different lengths, queries interleaved
+DOCS = [4, 1, 6, 3]
+SPEC = [(2, 5), (0, 0), (2, 1), (1, 0), (0, 3), (2, 3), (3, 2), (0, 2), (3, 0)]
+
+
+# ------------------------------------------------------------------ masking
+@pytest.mark.parametrize("kind", ["sparsemax", "softmax"])
+def test_masked_normalize_exact_zeros_and_empty_rows(kind):
+    g = torch.Generator().manual_seed(0)
+    scores = (3 * torch.randn(4, 6, generator=g, dtype=DT)).requires_grad_()
+    mask = torch.tensor([[1, 1, 0, 1, 0, 1], [0, 0, 0, 0, 0, 0],
+                         [0, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    p = masked_normalize(scores, mask, kind)
+    def norm(x):
+        return sparsemax(x, dim=-1) if kind == "sparsemax" else torch.softmax(x, -1)
+    for r in range(4):
+        if mask[r].any():
+            torch.testing.assert_close(p[r, mask[r]], norm(scores[r, mask[r]]), rtol=0, atol=1e-15)
+    assert torch.equal(p[~mask], torch.zeros_like(p[~mask]))
+    assert torch.equal(p[1], torch.zeros(6, dtype=DT))
+    (p * torch.randn(4, 6, generator=g, dtype=DT)).sum().backward()
+    assert torch.isfinite(scores.grad).all()
+    assert torch.equal(scores.grad[~mask], torch.zeros_like(scores.grad[~mask]))
+
+
+# ------------------------------------------------------- equations vs reference
+@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_matches_naive_reference(mode, selective, online):
+    att, sa, wa = mode
+    m = build(att, sa, wa, selective=selective)
+    mem = make_memory(DOCS, empty=(8,))
+    q, qd, qp = make_queries(SPEC)
+    out, info = run(m, mem, q, qd, qp, online)
+    torch.testing.assert_close(out, reference(m, mem, q, qd, qp, online), rtol=0, atol=1e-12)
+    want = [bool(visible(mem, int(d), int(p), online)) for d, p in zip(qd, qp)]
+    assert info["has_context"].tolist() == want
+
+
+# ----------------------------------------------------- selective == dense
+@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@pytest.mark.parametrize("word_attn", ["softmax", "sparsemax"],
+                         ids=["sparse-soft", "sparse-sparse"])
+def test_selective_equals_dense_values_and_gradients(word_attn, online):
+    mem = make_memory([5, 2, 8, 3], L=8, seed=3)
+    spec = [(2, 7), (0, 1), (2, 4), (1, 1), (0, 4), (2, 0), (3, 2), (0, 2), (2, 5), (1, 0)]
+    q, qd, qp = make_queries(spec, T=4, seed=4)
+    pad = torch.zeros(len(spec), 4, dtype=torch.bool)
+    pad[1, 3:] = True
+    results = []
+    for selective in (True, False):
+        m = build("hierarchical", "sparsemax", word_attn, selective=selective, chunk_elems=1)
+        calls = []
+        orig = m._selective_chunk
+        m._selective_chunk = lambda *a: (calls.append(1), orig(*a))[1]
+        qq = q.clone().requires_grad_()
+        keys, values = mem.keys.clone().requires_grad_(), mem.values.clone().requires_grad_()
+        pm = m.project_memory(keys, values, mem.mask, mem.doc, mem.pos)
+        out, info = m(qq, pm, qd, qp, online, query_padding_mask=pad, need_weights=True,
+                      need_word_weights=True, return_stats=True)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=DT)
+        (out * w).sum().backward()
+        grads = {n: p.grad for n, p in m.named_parameters()}
+        grads.update(query=qq.grad, keys=keys.grad, values=values.grad)
+        results.append((out, info, grads, len(calls)))
+    (o_s, i_s, g_s, n_calls), (o_d, i_d, g_d, _) = results
+    # the comparison is not vacuous: the sentence support is partial, and the
+    # selective path ran in several chunks (more chunks than documents)
+    assert 1.0 < float(i_s["sentence_support"]) < float(i_s["visible_sentences"])
+    assert n_calls > len(set(qd.tolist()))
+    torch.testing.assert_close(o_s, o_d, rtol=0, atol=1e-10)
+    for k in ("sent_weights", "sent_index", "word_weights", "sentence_support",
+              "word_support", "num_support_pairs"):
+        torch.testing.assert_close(i_s[k], i_d[k], rtol=0, atol=1e-10)
+    assert set(g_s) == set(g_d)
+    for k in g_s:
+        assert torch.isfinite(g_s[k]).all()
+        torch.testing.assert_close(g_s[k], g_d[k], rtol=0, atol=1e-10, msg=k)
+
+
+# ------------------------------------------------------------- visibility
+@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_visibility_current_and_future_sentences(mode, online):
+    att, sa, wa = mode
+    m = build(att, sa, wa)
+    mem = make_memory([6, 3], L=7, seed=5)
+    spec = [(0, 3), (1, 1), (0, 0)]
+    q, qd, qp = make_queries(spec, seed=6)
+    base, info = run(m, mem, q, qd, qp, online, need_weights=True)
+
+    def perturbed(rows, keys=True):
+        mem2 = replace(mem, keys=mem.keys.clone(), values=mem.values.clone())
+        for s in rows:
+            if keys:
+                mem2.keys[s] += 5 * torch.randn(mem.keys.shape[1:], dtype=DT)
+            mem2.values[s] += 5 * torch.randn(mem.values.shape[1:], dtype=DT)
+        return run(m, mem2, q, qd, qp, online)[0]
+
+    invisible = [3, 4, 5] if online else [3]  # doc 0 rows; query 0 is sentence 3
+    out = perturbed(invisible)
+    torch.testing.assert_close(out[:, 0], base[:, 0], rtol=0, atol=1e-13)
+    torch.testing.assert_close(out[:, 1], base[:, 1], rtol=0, atol=0)  # doc 1 unaffected
+    # the visible sentence with most attention mass: changing its values changes the output
+    w = info["sent_weights"][0].sum((0, 1))
+    allowed = [j for j in range(6) if (j < 3 if online else j != 3)]
+    assert float(w[invisible].abs().sum()) == 0.0
+    top = max(allowed, key=lambda j: float(w[j]))
+    assert float(w[top]) > 0
+    out = perturbed([top], keys=False)
+    assert (out[:, 0] - base[:, 0]).abs().max() > 1e-3
+    torch.testing.assert_close(out[:, 1], base[:, 1], rtol=0, atol=0)  # doc 1 unaffected
+
+
+# ------------------------------------------------------------ empty context
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_no_context_rows_are_zero_with_finite_gradients(mode, selective):
+    att, sa, wa = mode
+    m = build(att, sa, wa, selective=selective)
+    # doc 0: 3 sentences; doc 1: one sentence; doc 2: sentence 0 has no real word
+    mem = make_memory([3, 1, 2], L=6, seed=7, empty=(4,))
+    spec = [(0, 0), (0, 2), (1, 0), (2, 1), (7, 0), (0, 1)]  # doc 7 has no memory
+    q, qd, qp = make_queries(spec, seed=8)
+    q.requires_grad_()
+    keys, values = mem.keys.clone().requires_grad_(), mem.values.clone().requires_grad_()
+    pm = m.project_memory(keys, values, mem.mask, mem.doc, mem.pos)
+    out, info = m(q, pm, qd, qp, True)
+    assert info["has_context"].tolist() == [False, True, False, False, False, True]
+    for b in (0, 2, 3, 4):
+        assert torch.equal(out[:, b], torch.zeros_like(out[:, b]))
+    assert out[:, 1].abs().sum() > 0
+    out.pow(2).sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    for g in (q.grad, keys.grad, values.grad):
+        assert torch.isfinite(g).all()
+    assert torch.equal(q.grad[:, [0, 2, 3, 4]], torch.zeros_like(q.grad[:, [0, 2, 3, 4]]))
+    # a batch where no query has any context: zeros, and every parameter gets a
+    # zero gradient (none is left out of the graph, for DDP)
+    m.zero_grad(set_to_none=True)
+    pm = m.project_memory(*mem.args())
+    out, info = m(q.detach()[:, [0, 2, 3]], pm, qd[[0, 2, 3]], qp[[0, 2, 3]], True)
+    assert not info["has_context"].any() and torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and not p.grad.any(), name
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_modes_forward_backward_and_parameters(mode):
+    att, sa, wa = mode
+    m = build(att, sa, wa)
+    names = {n.split(".")[0] for n, _ in m.named_parameters()}
+    expected = {"hierarchical": {"q_s_proj", "k_s_proj", "q_w_proj", "k_w_proj", "v_proj"},
+                "flat-sentence": {"q_s_proj", "k_s_proj", "v_proj"},
+                "flat-word": {"q_w_proj", "k_w_proj", "v_proj"}}[att] | {"out_proj"}
+    assert names == expected
+    mem = make_memory(DOCS)
+    q, qd, qp = make_queries(SPEC)
+    out, _ = run(m, mem, q, qd, qp, False)
+    out.sum().backward()
+    for n, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
+
+
+# ------------------------------------------- batch composition and padding
+@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_one_document_vs_multi_document_batch(mode, selective, online):
+    att, sa, wa = mode
+    m = build(att, sa, wa, selective=selective)
+    big = make_memory([3, 5, 4], doc_ids=[11, 12, 13], seed=10)
+    rows = big.doc == 12
+    alone = Mem(big.keys[rows], big.values[rows], big.mask[rows], big.doc[rows], big.pos[rows])
+    spec = [(13, 1), (12, 4), (11, 0), (12, 1), (13, 3), (12, 2), (11, 2)]
+    q, qd, qp = make_queries(spec, seed=11)
+    out_b, info_b = run(m, big, q, qd, qp, online, need_weights=True)
+    sel = [1, 3, 5]
+    out_a, info_a = run(m, alone, q[:, sel], qd[sel], qp[sel], online, need_weights=True)
+    torch.testing.assert_close(out_b[:, sel], out_a, rtol=0, atol=1e-12)
+    torch.testing.assert_close(info_b["sent_weights"][sel, :, :, :5], info_a["sent_weights"],
+                               rtol=0, atol=1e-12)
+    assert torch.equal(info_b["sent_index"][sel, :5], info_a["sent_index"] + 3)
+
+
+def repad(mem: Mem, L_new: int, shift: int, garbage: float) -> Mem:
+    """Same sentences with ``shift`` more columns on the left and padding up to
+    ``L_new``; every non-real position holds ``garbage``."""
+    S, L, _ = mem.keys.shape
+    keys = torch.full((S, L_new, C), garbage, dtype=DT)
+    values = torch.full((S, L_new, C), garbage, dtype=DT)
+    mask = torch.zeros(S, L_new, dtype=torch.bool)
+    keys[:, shift:shift + L] = mem.keys.masked_fill(~mem.mask.unsqueeze(-1), garbage)
+    values[:, shift:shift + L] = mem.values.masked_fill(~mem.mask.unsqueeze(-1), garbage)
+    mask[:, shift:shift + L] = mem.mask
+    return Mem(keys, values, mask, mem.doc, mem.pos)
+
+
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_padding_invariance(mode, selective):
+    att, sa, wa = mode
+    m = build(att, sa, wa, selective=selective)
+    mem = make_memory([4, 3], L=6, seed=12)
+    spec = [(0, 3), (1, 1), (0, 1)]
+    q, qd, qp = make_queries(spec, T=3, seed=13)
+    ref, _ = run(m, mem, q, qd, qp, False)
+    # memory left/right padded with garbage (huge values and NaN), queries in a
+    # batch with a longer sentence (the short ones padded at the end with garbage)
+    q_long = torch.full((7, 4, C), 1e3, dtype=DT)
+    q_long[:3, :3] = q
+    q_long[:, 3] = torch.randn(7, C, dtype=DT)
+    qd4, qp4 = torch.cat([qd, torch.tensor([1])]), torch.cat([qp, torch.tensor([0])])
+    pad = torch.zeros(4, 7, dtype=torch.bool)
+    pad[:3, 3:] = True
+    for garbage, shift in ((1e6, 3), (float("nan"), 0)):
+        mem2 = repad(mem, 11, shift, garbage)
+        out, _ = run(m, mem2, q_long, qd4, qp4, False, query_padding_mask=pad)
+        torch.testing.assert_close(out[:3, :3], ref, rtol=0, atol=1e-12)
+        assert torch.isfinite(out).all()
+
+
+def test_sentence_keys_mean_over_real_words_only():
+    for att in ("hierarchical", "flat-sentence"):
+        m = build(att, "softmax", "softmax")
+        mem = make_memory([3, 2], L=7, seed=14)
+        pm = m.project_memory(*mem.args())
+        for doc_id, d in pm.docs.items():
+            rows = range(d.start, d.end)
+            mean_k = torch.stack([mem.keys[s, mem.mask[s]].mean(0) for s in rows])
+            torch.testing.assert_close(d.k_s, m.k_s_proj(mean_k).view(-1, H, C // H),
+                                       rtol=0, atol=1e-12)
+            if att == "flat-sentence":
+                mean_v = torch.stack([mem.values[s, mem.mask[s]].mean(0) for s in rows])
+                torch.testing.assert_close(d.v_s, m.v_proj(mean_v).view(-1, H, C // H),
+                                           rtol=0, atol=1e-12)
+        # BOS / EOS / padding vectors do not enter the sentence keys
+        mem2 = replace(mem, keys=mem.keys.masked_fill(~mem.mask.unsqueeze(-1), 50.0))
+        pm2 = m.project_memory(*mem2.args())
+        for doc_id in pm.docs:
+            torch.testing.assert_close(pm2.docs[doc_id].k_s, pm.docs[doc_id].k_s,
+                                       rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ cost
+def forward_numel(m, mem, q, qd, qp, online=True, backward=False):
+    pm = m.project_memory(*mem.args())
+    log = NumelLog()
+    with log:
+        out, _ = m(q, pm, qd, qp, online)
+        if backward:
+            out.sum().backward()
+    return log
+
+
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_forward_cost_ignores_other_documents(mode, selective):
+    """Queries of a 3-sentence document: the work in forward is the same whether
+    the batch's memory also holds a 300- or 600-sentence document or not."""
+    att, sa, wa = mode
+    m = build(att, sa, wa, selective=selective)
+    q, qd, qp = make_queries([(0, 2), (0, 1)], T=4, seed=15)
+    small = make_memory([3], doc_ids=[0], L=6, seed=16)
+    logs = []
+    for big in (0, 300, 600):
+        mem = small
+        if big:
+            other = make_memory([big], doc_ids=[1], L=6, seed=big)
+            mem = Mem(*(torch.cat([a, b]) for a, b in zip(small.args(), other.args())))
+        with torch.no_grad():
+            logs.append(forward_numel(m, mem, q, qd, qp))
+    assert len({(lg.max, lg.total) for lg in logs}) == 1
+
+
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+def test_many_documents_no_batch_quadratic_tensor(selective):
+    """30 documents x 8 sentences, every sentence a query: no tensor pairs the
+    queries with the whole batch's memory (B x S_total x L would be 240 x 240 x L)."""
+    m = build(selective=selective)
+    n_docs, n_sent, T, L = 30, 8, 3, 6
+    mem = make_memory([n_sent] * n_docs, L=L, seed=17)
+    spec = [(d, p) for d in range(n_docs) for p in range(n_sent)]
+    q, qd, qp = make_queries(spec, T=T, seed=18)
+    log = forward_numel(m, mem, q, qd, qp, online=False, backward=True)
+    B = len(spec)
+    per_doc = n_sent * H * T * n_sent * L  # dense scores of one document
+    assert log.max <= max(2 * per_doc, T * B * C, mem.keys.numel())
+    assert log.max < B * H * T * B * L // 20
+
+
+def test_long_document_300_sentences_linear_per_query():
+    m = build(word_attn="sparsemax", chunk_elems=1 << 14)
+    mem = make_memory([300, 5], L=6, seed=19, max_words=3)
+    spec = [(0, p) for p in range(300)] + [(1, p) for p in range(5)]
+    q, qd, qp = make_queries(spec, T=4, seed=20)
+    q.requires_grad_()
+    out, info = run(m, mem, q, qd, qp, True, return_stats=True)
+    out.pow(2).sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(out).all()
+    assert float(info["sentence_support"]) < float(info["visible_sentences"]) / 10
+    # one query at the end of the document: doubling the document doubles the work
+    totals = []
+    for n in (300, 600):
+        mem = make_memory([n], L=6, seed=21, max_words=3)
+        q1, qd1, qp1 = make_queries([(0, n - 1)], T=4, seed=22)
+        with torch.no_grad():
+            totals.append(forward_numel(m, mem, q1, qd1, qp1, online=True).total)
+    assert totals[1] / totals[0] < 2.2
+
+
+def test_selective_builds_smaller_tensors_than_dense():
+    mem = make_memory([120], L=10, seed=23)
+    spec = [(0, p) for p in range(100, 120)]
+    q, qd, qp = make_queries(spec, T=6, seed=24)
+    maxes = {}
+    for selective in (True, False):
+        m = build(word_attn="sparsemax", selective=selective, chunk_elems=1 << 12)
+        maxes[selective] = forward_numel(m, mem, q, qd, qp, online=True, backward=True).max
+    dense_scores = len(spec) * H * 6 * 120 * 8  # Bd x H x T x S x L_d (8 columns used)
+    assert maxes[False] >= dense_scores
+    assert maxes[True] * 4 < maxes[False]
+
+
+# --------------------------------------------- incremental decoding / beam
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_stepwise_queries_and_beam_reorder(mode):
+    att, sa, wa = mode
+    m = build(att, sa, wa)
+    mem = make_memory(DOCS)
+    q, qd, qp = make_queries(SPEC, T=4)
+    pm = m.project_memory(*mem.args())
+    full, _ = m(q, pm, qd, qp, True)
+    for t in range(4):  # one step at a time with the cached projected memory
+        step, _ = m(q[t:t + 1], pm, qd, qp, True)
+        torch.testing.assert_close(step, full[t:t + 1], rtol=0, atol=1e-12)
+    new_order = torch.tensor([2, 0, 0, 5, 1, 8, 8, 3])
+    qd2, qp2 = m.reorder_queries(qd, qp, new_order)
+    out, _ = m(q.index_select(1, new_order), pm, qd2, qp2, True)
+    torch.testing.assert_close(out, full.index_select(1, new_order), rtol=0, atol=1e-12)
+
+
+def test_memory_order_is_checked():
+    m = build()
+    mem = make_memory([2, 2])
+    bad_doc = mem.doc[[0, 2, 1, 3]]
+    with pytest.raises(ValueError, match="contiguous"):
+        m.project_memory(mem.keys, mem.values, mem.mask, bad_doc, mem.pos)
+    bad_pos = torch.tensor([1, 0, 0, 1])
+    with pytest.raises(ValueError, match="position order"):
+        m.project_memory(mem.keys, mem.values, mem.mask, mem.doc, bad_pos)
+
+
+# --------------------------------------------------------- weights / stats
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+def test_weights_and_statistics(selective):
+    m = build(word_attn="sparsemax", selective=selective)
+    mem = make_memory(DOCS, L=8, seed=25)
+    q, qd, qp = make_queries(SPEC, T=4, seed=26)
+    pad = torch.zeros(len(SPEC), 4, dtype=torch.bool)
+    pad[0, 2:] = True
+    out, info = run(m, mem, q, qd, qp, False, query_padding_mask=pad, need_weights=True,
+                    need_word_weights=True, return_stats=True)
+    sw, si, ww = info["sent_weights"], info["sent_index"], info["word_weights"]
+    ctx = info["has_context"]
+    assert sw.shape == (len(SPEC), H, 4, 6) and ww.shape == (len(SPEC), H, 4, 6, 8)
+    torch.testing.assert_close(sw[ctx].sum(-1), torch.ones_like(sw[ctx].sum(-1)))
+    assert torch.equal(sw[~ctx], torch.zeros_like(sw[~ctx]))
+    torch.testing.assert_close(ww.sum(-1), sw)  # Eq. 5: word weights of j sum to alpha_s(j)
+    for b, (d, p) in enumerate(SPEC):
+        rows = si[b][si[b] >= 0]
+        assert (mem.doc[rows] == d).all() and torch.equal(mem.pos[rows], torch.arange(DOCS[d]))
+        invisible = [j for j, s in enumerate(rows.tolist()) if s not in visible(mem, d, p, False)]
+        assert float(sw[b][..., invisible].abs().sum()) == 0.0
+        for j, s in enumerate(rows.tolist()):  # only real words carry weight
+            assert not ww[b][:, :, j][..., ~mem.mask[s]].any()
+    real = (~pad & ctx.unsqueeze(1)).unsqueeze(1).expand(-1, H, -1)  # B x H x T
+    n_supp = (sw != 0).sum(-1)
+    torch.testing.assert_close(info["sentence_support"], n_supp[real].double().mean())
+    pairs = (sw != 0) & real.unsqueeze(-1)
+    torch.testing.assert_close(info["word_support"], (ww != 0).sum(-1)[pairs].double().mean())
+
+
+# ------------------------------------------------------ context layer + gate
+def test_gate_equation_without_bias():
+    g = ContextGating(C).double()
+    assert g.w_r.bias is None and g.w_d.bias is None
+    r, d = torch.randn(3, 2, C, dtype=DT), torch.randn(3, 2, C, dtype=DT)
+    out, gamma = g(r, d)
+    want_gamma = torch.sigmoid(r @ g.w_r.weight.T + d @ g.w_d.weight.T)
+    torch.testing.assert_close(gamma, want_gamma)
+    torch.testing.assert_close(out, want_gamma * r + (1 - want_gamma) * d)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_context_layer_bypass_and_no_residual(mode):
+    att, sa, wa = mode
+    torch.manual_seed(0)
+    layer = DocumentContextLayer(C, H, 16, attention=att, sentence_attn=sa, word_attn=wa).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    layer.eval()
+    mem = make_memory([3, 1, 4], L=6, seed=27)
+    spec = [(0, 0), (0, 2), (1, 0), (2, 3), (2, 0)]
+    r, qd, qp = make_queries(spec, T=3, seed=28)
+    r.requires_grad_()
+    pm = layer.project_memory(*mem.args())
+    r_t, info = layer(r, pm, qd, qp, True)
+    ctx = info["has_context"]
+    assert ctx.tolist() == [False, True, False, True, False]
+    # bypass: d = 0 and r~ = r exactly for query sentences without visible context
+    assert torch.equal(r_t[:, ~ctx], r[:, ~ctx])
+    assert torch.equal(info["d"][:, ~ctx], torch.zeros_like(info["d"][:, ~ctx]))
+    assert torch.equal(info["gate"][:, ~ctx], torch.ones_like(info["gate"][:, ~ctx]))
+    assert (r_t[:, ctx] - r[:, ctx]).abs().max() > 1e-3
+    # d = LN(FFN(LN(attention))) with no residual connection (footnote 2)
+    a, _ = layer.context_attn(r, pm, qd, qp, True)
+    x = layer.attn_layer_norm(a)
+    d = layer.final_layer_norm(layer.fc2(torch.relu(layer.fc1(x))))
+    torch.testing.assert_close(info["d"][:, ctx], d[:, ctx], rtol=0, atol=1e-12)
+    gamma = torch.sigmoid(layer.gate.w_r(r) + layer.gate.w_d(d))
+    torch.testing.assert_close(r_t[:, ctx], (gamma * r + (1 - gamma) * d)[:, ctx],
+                               rtol=0, atol=1e-12)
+    r_t.pow(2).sum().backward()
+    assert torch.isfinite(r.grad).all()
+    assert torch.equal(r.grad[:, ~ctx], 2 * r[:, ~ctx].detach())  # d r~/d r = I when bypassed
+    for n, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+
+
+def test_context_layer_decoder_query_differs_from_r():
+    """Decoder integration: the attention query is the source-attention output,
+    the gate combines it with the stack output ``r``."""
+    torch.manual_seed(1)
+    layer = DocumentContextLayer(C, H, 16).double().eval()
+    mem = make_memory([4], seed=29)
+    r, qd, qp = make_queries([(0, 3)], seed=30)
+    query = torch.randn_like(r)
+    pm = layer.project_memory(*mem.args())
+    out_q, info_q = layer(r, pm, qd, qp, True, query=query)
+    out_r, info_r = layer(r, pm, qd, qp, True)
+    a, _ = layer.context_attn(query, pm, qd, qp, True)
+    d = layer.final_layer_norm(layer.fc2(torch.relu(layer.fc1(layer.attn_layer_norm(a)))))
+    torch.testing.assert_close(info_q["d"], d, rtol=0, atol=1e-12)
+    assert (out_q - out_r).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+def test_training_mode_with_dropout_runs(selective):
+    torch.manual_seed(2)
+    layer = DocumentContextLayer(C, H, 16, word_attn="sparsemax", selective=selective,
+                                 dropout=0.2, attention_dropout=0.2,
+                                 activation_dropout=0.2).double().train()
+    mem = make_memory(DOCS, seed=31)
+    r, qd, qp = make_queries(SPEC, seed=32)
+    r.requires_grad_()
+    out, info = layer(r, layer.project_memory(*mem.args()), qd, qp, False, return_stats=True)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(r.grad).all()
+    assert torch.equal(out[:, ~info["has_context"]], r[:, ~info["has_context"]])
