@@ -113,3 +113,22 @@ def test_task_batches_with_target_memory(toy_bin):
         assert ds.memory_cost(batch["id"].numpy()) <= 600
         seen.extend(batch["id"].tolist())
     assert sorted(seen) == list(range(len(ds)))
+
+
+def test_precomputed_memory_counts_only_the_batch_and_still_sees_the_whole_document():
+    ds, _, _ = synthetic([300, 3], document_context="online", document_memory=True,
+                         memory_precomputed=True)
+    max_tokens = 120
+    batches = memory_batches(ds, ds.ordered_indices(), max_tokens)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(ds)))
+    assert len(batches) > 10
+    for b in batches:
+        assert len(b) * int(np.asarray(ds.base.src_sizes)[b].max()) <= max_tokens
+        assert ds.memory_cost(b) <= max_tokens
+    last = [b for b in batches if 299 in b.tolist()][0]
+    batch = ds.collater([ds[int(i)] for i in last])
+    _check_batch(ds, batch, online=True)
+    k = int(batch["net_input"]["query_doc"][batch["id"].tolist().index(299)])
+    assert int((batch["net_input"]["mem_doc"] == k).sum()) == 299
+    with pytest.raises(ValueError, match="--memory-precomputed goes with --document-memory"):
+        synthetic([3], memory_precomputed=True)

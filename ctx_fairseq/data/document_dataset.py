@@ -228,7 +228,7 @@ class DocumentContextDataset(FairseqDataset):
                  separator: Optional[int] = None, tgt_context: Optional[Sequence] = None,
                  max_src_context_tokens: Optional[int] = None,
                  max_tgt_context_tokens: Optional[int] = None, docids_path: str = "<docids>",
-                 document_memory: bool = False):
+                 document_memory: bool = False, memory_precomputed: bool = False):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
@@ -255,6 +255,9 @@ class DocumentContextDataset(FairseqDataset):
         self.direction, self.ablation, self.seed = direction, ablation, int(seed)
         self.document_context = document_context
         self.document_memory = bool(document_memory)
+        self.memory_precomputed = bool(memory_precomputed)
+        if self.memory_precomputed and not self.document_memory:
+            raise ValueError("--memory-precomputed goes with --document-memory")
         if self.document_memory and document_context == "none":
             raise ValueError("--document-memory needs --document-context online|offline (which "
                              "sentences of the document a sentence may see)")
@@ -557,15 +560,20 @@ class DocumentContextDataset(FairseqDataset):
         """Padded tokens a batch of sentences ``ids`` gives the model with its
         document memory: the encoder side counts the union of the batch's
         sentences and its memory sentences (each encoded once), the decoder
-        side the targets plus, with target memory, the memory's targets."""
+        side the targets plus, with target memory, the memory's targets. With
+        ``memory_precomputed`` (a frozen memory the model keeps in a cache and
+        encodes, without gradients, only on a cache miss) only the batch's own
+        sentences count."""
         ids = np.asarray(ids, dtype=np.int64)
-        _, mem = self.memory_rows(ids)
-        union = np.union1d(ids, mem)
         src = np.asarray(self.base.src_sizes, dtype=np.int64)
-        enc = len(union) * int(src[union].max())
         dec = 0
         if self.base.tgt_sizes is not None:
             dec = len(ids) * int(np.asarray(self.base.tgt_sizes)[ids].max())
+        if self.memory_precomputed:  # the memory is read from a cache, not encoded here
+            return max(len(ids) * int(src[ids].max()), dec)
+        _, mem = self.memory_rows(ids)
+        union = np.union1d(ids, mem)
+        enc = len(union) * int(src[union].max())
         if self.tgt_context_size > 0 and len(mem):
             tl = self._target_sizes()
             dec += len(mem) * int(tl[mem].max())

@@ -110,6 +110,11 @@ class DocumentTranslationConfig(TranslationConfig):
                                          "a sentence may see, each once: mem_src_tokens, ...) "
                                          "instead of per-sentence context; for whole-document "
                                          "models such as transformer_selective_doc"})
+    memory_precomputed: bool = field(
+        default=False, metadata={"help": "with --document-memory: the model reads the memory "
+                                         "from a cache of a frozen model (transformer_selective_doc "
+                                         "--context-memory frozen), so batch sizes count only the "
+                                         "sentences encoded with gradients"})
     document_batching: bool = field(
         default=False, metadata={"help": "batches of whole documents (or chunks of documents "
                                          "that exceed --max-tokens); shards keep documents whole"})
@@ -300,7 +305,7 @@ class DocumentTranslationTask(TranslationTask):
             document_batching=c.document_batching, separator=self._separator(),
             tgt_context=tgt_context, max_src_context_tokens=c.max_source_positions,
             max_tgt_context_tokens=c.max_target_positions, docids_path=docids_path,
-            document_memory=c.document_memory)
+            document_memory=c.document_memory, memory_precomputed=c.memory_precomputed)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         tgt_file = self.cfg.target_context_file
