@@ -54,6 +54,7 @@ setup(
             "ctx-hybrid-gates = ctx_fairseq.cli.entry_points:hybrid_gates",
             "ctx-context-aware-analysis = ctx_fairseq.cli.entry_points:context_aware_analysis",
             "ctx-iterative-decode = ctx_fairseq.cli.iterative_decode:cli_main",
+            "ctx-selective-analysis = ctx_fairseq.eval.selective_analysis:main",
         ]
     },
 )
