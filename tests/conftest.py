@@ -64,3 +64,20 @@ def context_ckpt(toy_bin, sentence_ckpt, tmp_path_factory):
                sentence_ckpt],
         gen_extra=DOC_ARGS)
     return os.path.join(save, "checkpoint_last.pt"), out
+
+
+SELECTIVE_DEC_ARGS = ["--task", "document_translation", "--document-context", "online",
+                      "--document-memory", "--target-context-size", "1"]
+
+
+@pytest.fixture(scope="session")
+def selective_dec_ckpt(toy_bin, tmp_path_factory):
+    """transformer_selective_doc_dec (decoder integration, online) trained 2 updates."""
+    from fairseq_cli_utils import TINY_MODEL_ARGS, train
+
+    save = str(tmp_path_factory.mktemp("seldec"))
+    train([toy_bin, "--arch", "transformer_selective_doc_dec", *TINY_MODEL_ARGS,
+           *SELECTIVE_DEC_ARGS, "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3",
+           "--max-tokens", "600", "--max-update", "2", "--save-dir", save, "--no-progress-bar",
+           "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0", "--disable-validation"])
+    return os.path.join(save, "checkpoint_last.pt")

@@ -425,3 +425,113 @@ def test_two_process_data_parallel_training_keeps_documents_whole(toy_bin, tmp_p
     assert sorted(every) == list(range(len(ds)))  # a partition: each sentence once
     docs = [set(ds.doc_index[ids[r]].tolist()) for r in (0, 1)]
     assert not docs[0] & docs[1]  # whole documents per worker
+
+
+# --------------------------------------------------------------------------- review fixes
+
+
+def test_generation_with_other_context_options_than_trained_is_an_error(context_ckpt, toy_bin):
+    from fairseq_cli_utils import generate
+
+    ckpt, _ = context_ckpt
+    base = [toy_bin, "--path", ckpt, "--task", "document_translation", "--beam", "1",
+            "--max-len-b", "5", "--num-workers", "0", "--max-tokens", "500"]
+    with pytest.raises(ValueError, match=r"--source-context-size 3 \(trained with 1\)"):
+        generate(base + ["--source-context-size", "3"])
+    out = generate(base + ["--source-context-size", "3", "--allow-context-change"])
+    assert "H-" in out
+    # without the document task the context model refuses instead of dropping its context
+    with pytest.raises(ValueError, match="no context inputs"):
+        generate([toy_bin, "--path", ckpt, "--beam", "1", "--max-len-b", "5",
+                  "--num-workers", "0"])
+
+
+def test_target_context_sources_are_exclusive_and_files_may_have_a_bom(toy_bin, tmp_path):
+    ref = setup_task(toy_bin)
+    ref.load_dataset("test")
+    n = len(ref.datasets["test"])
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("\ufeff" + "".join("ist hier\n" for _ in range(n)), encoding="utf-8")
+    task = setup_task(toy_bin, "--target-context-size", "1", "--target-context-file", str(hyp))
+    task.load_dataset("test")
+    ds = task.datasets["test"]
+    i = int(ds.doc_start[0]) + 1
+    assert task.tgt_dict.string(ds[i]["tgt_ctx"]) == "ist hier"  # no <unk> from the BOM
+    with pytest.raises(ValueError, match="choose one source of target context"):
+        setup_task(toy_bin, "--target-context-size", "1", "--target-context-file", str(hyp),
+                   "--gold-target-context").load_dataset("test")
+
+
+def test_score_contrastive_scores_document_checkpoints_with_context(context_ckpt, toy_bin,
+                                                                   toy_corpus, capsys):
+    from ctx_fairseq.eval import contrastive
+
+    ckpt, _ = context_ckpt
+    jsonl = os.path.join(toy_corpus, "test.contrastive.jsonl")
+    calls = []
+    real = contrastive.evaluate
+
+    def spy(model, task, records, batch_size=64, extra_net_input=None):
+        calls.append(extra_net_input)
+        return real(model, task, records, batch_size, extra_net_input)
+
+    contrastive.evaluate = spy
+    try:
+        contrastive.cli_main(["--path", ckpt, "--data", toy_bin, "--contrastive", jsonl])
+    finally:
+        contrastive.evaluate = real
+    assert calls and all(c is not None for c in calls)  # with context inputs
+    assert "overall" in capsys.readouterr().out
+
+
+def test_readme_commands_set_up_run_the_demo_and_test(tmp_path):
+    readme = open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8").read()
+    block = readme.split("```bash", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(block) == 2
+    assert "bash scripts/install.sh" in block[0] and block[0].rstrip().endswith("ctx-demo")
+    assert block[1].rstrip().endswith("python -m pytest")
+    ci = open(os.path.join(REPO_ROOT, ".ci", "run"), encoding="utf-8").read()
+    assert "bash scripts/install.sh" in ci and "python -m pytest" in ci
+
+
+def test_interactive_target_context_is_the_models_own_translations(selective_dec_ckpt, toy_bin,
+                                                                  toy_corpus, tmp_path,
+                                                                  monkeypatch):
+    """Three sentences in one buffer and one batch: each is translated with
+    the model's translations of the previous ones as its target memory."""
+    from ctx_fairseq.models.transformer_selective_doc import SelectiveDocEncoder
+
+    seen = []
+    original = SelectiveDocEncoder.forward
+
+    def forward(self, *args, **kwargs):
+        if kwargs.get("mem_tgt_tokens") is not None:
+            seen.append({k: kwargs[k].clone() for k in ("query_pos", "mem_pos", "mem_tgt_tokens")})
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SelectiveDocEncoder, "forward", forward)
+    src = open(os.path.join(toy_corpus, "test.src")).read().splitlines()[:3]
+    inp = tmp_path / "input.txt"
+    inp.write_text("\n".join(src) + "\n")
+    out = interactive([toy_bin, "--path", selective_dec_ckpt, "--task", "document_translation",
+                       "--document-context", "online", "--document-memory",
+                       "--target-context-size", "1", "--source-lang", "src",
+                       "--target-lang", "tgt", "--beam", "2", "--max-len-b", "6",
+                       "--input", str(inp), "--buffer-size", "3", "--batch-size", "3"])
+    hyps = {}
+    for line in out.splitlines():
+        if line.startswith("H-"):
+            hyps[int(line.split("\t")[0][2:])] = line.split("\t")[2]
+    assert sorted(hyps) == [0, 1, 2]
+    d = Dictionary.load(os.path.join(toy_bin, "dict.tgt.txt"))
+    by_pos = {}
+    for call in seen:
+        assert call["query_pos"].numel() == 1  # one sentence at a time
+        by_pos[int(call["query_pos"][0])] = call
+    assert sorted(by_pos) == [0, 1, 2]
+    for p in (1, 2):
+        mem = by_pos[p]
+        assert mem["mem_pos"].tolist() == list(range(p))
+        for r in range(p):
+            row = mem["mem_tgt_tokens"][r]
+            assert d.string(row[row.ne(d.pad())]) == hyps[r]

@@ -5,20 +5,15 @@ import os
 import pytest
 
 from ctx_fairseq.cli import iterative_decode as itd
-from fairseq_cli_utils import TINY_MODEL_ARGS, hypotheses, train
+from fairseq_cli_utils import hypotheses
 
 DEC_ARGS = ["--task", "document_translation", "--document-context", "online",
             "--document-memory", "--target-context-size", "1"]
 
 
-@pytest.fixture(scope="module")
-def decoder_ckpt(toy_bin, tmp_path_factory):
-    save = str(tmp_path_factory.mktemp("seldec"))
-    train([toy_bin, "--arch", "transformer_selective_doc_dec", *TINY_MODEL_ARGS, *DEC_ARGS,
-           "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "600",
-           "--max-update", "2", "--save-dir", save, "--no-progress-bar", "--no-epoch-checkpoints",
-           "--seed", "1", "--num-workers", "0", "--disable-validation"])
-    return os.path.join(save, "checkpoint_last.pt")
+@pytest.fixture
+def decoder_ckpt(selective_dec_ckpt):
+    return selective_dec_ckpt
 
 
 def _n_test(toy_bin):

@@ -11,9 +11,11 @@ as correct when ``ref`` scores strictly higher than every contrastive target.
 
 Sentences are used as they are in the file (whitespace tokens): apply the
 same tokenisation/BPE as the training data before scoring real data.
-Models whose task provides context (document-level tasks) expose it through
-the task method ``contrastive_net_input(model, records, sentences)``; the
-sentence-level path below is used otherwise.
+A checkpoint trained with ``--task document_translation`` and context is
+scored with the context it was trained with, built by the task from the
+records' documents (``id`` = line of the split, ``doc_id`` checked):
+:func:`ctx_fairseq.eval.context_aware_analysis.contrastive_with_context`;
+never silently without it. Sentence-level checkpoints use the path below.
 
 Console script: ``ctx-score-contrastive --path CKPT --data BIN --contrastive FILE``.
 """
@@ -119,9 +121,23 @@ def load_model(path: str, data: str, cpu: bool = True):
     return model, task
 
 
-def evaluate_checkpoint(path: str, data: str, contrastive: str, cpu: bool = True) -> Dict:
+def evaluate_checkpoint(path: str, data: str, contrastive: str, cpu: bool = True,
+                        ablation: str = "none", split: str = "test",
+                        gold_target_context: bool = False) -> Dict:
+    """Contrastive accuracy of a checkpoint; document-level checkpoints get
+    their context (see the module docstring)."""
+    from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
+
     records = read_contrastive(contrastive)
     model, task = load_model(path, data, cpu=cpu)
+    if isinstance(task, DocumentTranslationTask) and task.uses_context:
+        from ctx_fairseq.eval.context_aware_analysis import contrastive_with_context
+
+        return contrastive_with_context(path, data, contrastive, ablation=ablation, split=split,
+                                        cpu=cpu, gold_target_context=gold_target_context)
+    if ablation != "none":
+        raise ValueError(f"--context-ablation {ablation}: {path} is a sentence-level checkpoint "
+                         "(no context to ablate)")
     return evaluate(model, task, records)
 
 
@@ -140,9 +156,17 @@ def cli_main(argv=None) -> None:
     p.add_argument("--contrastive", required=True, help="contrastive JSON Lines file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--cuda", action="store_true", help="score on the GPU")
+    p.add_argument("--split", default="test",
+                   help="document-level checkpoints: the split the records' ids refer to")
+    p.add_argument("--context-ablation", default="none", choices=["none", "shuffled", "random"],
+                   help="document-level checkpoints: score with wrong context (Voita et al.)")
+    p.add_argument("--gold-target-context", action="store_true",
+                   help="checkpoints with target context: take it from the references")
     args = p.parse_args(argv)
     try:
-        result = evaluate_checkpoint(args.path, args.data, args.contrastive, cpu=not args.cuda)
+        result = evaluate_checkpoint(args.path, args.data, args.contrastive, cpu=not args.cuda,
+                                     ablation=args.context_ablation, split=args.split,
+                                     gold_target_context=args.gold_target_context)
     except (OSError, ValueError) as err:
         p.error(str(err))
     print(json.dumps(result, indent=2) if args.json else format_result(result))

@@ -91,13 +91,19 @@ class ContextAwareTransformerEncoder(TransformerEncoderBase):
                 src_ctx_tokens: Optional[Tensor] = None, src_ctx_lengths: Optional[Tensor] = None,
                 **unused):
         """As fairseq's encoder, plus ``src_ctx_tokens`` (``B x Tc``, the
-        context, padded like the source; None or all padding: no context).
+        context, padded like the source; all padding: no context; None is an
+        error).
         Returns fairseq's encoder-out dict plus ``context_out``
         (``Tc x B x C``) and ``context_padding_mask`` (``B x Tc``)."""
         pad = self.padding_idx
         bsz = src_tokens.size(0)
         if src_ctx_tokens is None:
-            src_ctx_tokens = src_tokens.new_full((bsz, 1), pad)
+            # a batch without its context inputs would silently be translated without
+            # context, a different model from the one trained
+            raise ValueError(
+                "transformer_context_aware: the batch has no context inputs (src_ctx_tokens); "
+                "run it with --task document_translation and the context options it was "
+                "trained with (an explicit all-padding src_ctx_tokens means no context)")
         src_mask = src_tokens.eq(pad)
         ctx_mask = src_ctx_tokens.eq(pad)
         # Rows without context: attend to one (padding) key, then drop c_c, so

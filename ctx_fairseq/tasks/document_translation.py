@@ -125,12 +125,16 @@ class DocumentTranslationConfig(TranslationConfig):
     target_context_file: Optional[str] = field(
         default=None, metadata={"help": "generation: target context from this file of "
                                         "hypotheses (one per line, corpus order)"})
+    allow_context_change: bool = field(
+        default=False, metadata={"help": "generation: allow context options other than those "
+                                         "the checkpoint was trained with (an experiment)"})
     seed: int = II("common.seed")
     gen_subset: str = II("dataset.gen_subset")
     save_dir: str = II("checkpoint.save_dir")
     restore_file: str = II("checkpoint.restore_file")
     checkpoint_suffix: str = II("checkpoint.checkpoint_suffix")
     finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
+    continue_once: Optional[str] = II("checkpoint.continue_once")
 
 
 def _symbol_index(dictionary, symbol: str, which: str) -> int:
@@ -144,7 +148,7 @@ def _symbol_index(dictionary, symbol: str, which: str) -> int:
 def read_target_context_file(path: str, dictionary, expected: int) -> List[torch.Tensor]:
     """Hypotheses of an earlier pass, one per line in corpus order."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             lines = [line.rstrip("\r\n") for line in f]
     except OSError as err:
         raise ValueError(f"--target-context-file {path}: cannot read it ({err.strerror or err})") \
@@ -314,9 +318,14 @@ class DocumentTranslationTask(TranslationTask):
                 f"--target-context-file {tgt_file} is for generation only (it applies to "
                 f"--gen-subset {self.cfg.gen_subset}), but split {split!r} is being loaded; "
                 "training and validation take target context from the references")
+        if tgt_file and self.cfg.gold_target_context:
+            raise ValueError("--gold-target-context and --target-context-file both given; "
+                             "choose one source of target context")
         if tgt_file and self.cfg.target_context_size <= 0:
             raise ValueError(f"--target-context-file {tgt_file} given, but "
                              "--target-context-size is 0: the file would not be used")
+        if kwargs.get("task_cfg") is not None:  # fairseq-generate: the checkpoint's task
+            self.check_context_options(kwargs["task_cfg"])
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         base = self.datasets[split]
         path = os.path.join(self._data_path(split, epoch), f"{split}.docids")
@@ -332,6 +341,33 @@ class DocumentTranslationTask(TranslationTask):
                     f"document context {self.cfg.document_context}, ablation "
                     f"{self.cfg.context_ablation}")
         self._log_truncation(split, ds)
+
+    #: options that change what a model sees, compared with the checkpoint's
+    CONTEXT_OPTIONS = ("source_context_size", "target_context_size", "context_direction",
+                       "document_context", "document_memory", "context_separator")
+
+    def check_context_options(self, trained) -> None:
+        """A model is translated with the context it was trained with: options
+        that differ from the checkpoint's task are an error (unless
+        ``--allow-context-change``; ``--context-ablation`` is the way to give
+        wrong context on purpose)."""
+        get = trained.get if hasattr(trained, "get") else lambda k, d=None: getattr(trained, k, d)
+        if get("_name", None) not in (None, "document_translation"):
+            return
+        diff = []
+        for name in self.CONTEXT_OPTIONS:
+            theirs, ours = get(name, None), getattr(self.cfg, name, None)
+            if theirs is not None and str(theirs) != str(ours):
+                diff.append(f"--{name.replace('_', '-')} {ours} (trained with {theirs})")
+        if not diff:
+            return
+        if self.cfg.allow_context_change:
+            logger.warning("context options differ from the checkpoint's: " + "; ".join(diff))
+            return
+        raise ValueError("context options differ from those the checkpoint was trained with: "
+                         + "; ".join(diff) + ". Give the checkpoint's options (or "
+                         "--allow-context-change for an experiment; --context-ablation for "
+                         "wrong context on purpose)")
 
     def _log_truncation(self, split: str, ds: DocumentContextDataset) -> None:
         """Once per split: how many context tokens the length limit cut."""
@@ -441,23 +477,26 @@ class DocumentTranslationTask(TranslationTask):
 
     def _sequential_step(self, view, generator, models, sample, prefix_tokens, constraints):
         """Interactive target context: translate the batch's sentences one at
-        a time in document order, each with the model's translations of the
-        previous ones as target context."""
+        a time in document order, each re-collated on its own (context or
+        document memory) after the model's translations of the previous
+        sentences were put in place as their target side. Cost: the target
+        context lengths of the buffer's dataset are recomputed per sentence,
+        linear in the kept document (quadratic over a long document typed
+        with whole-document target context, fine at interactive scale)."""
         st, full = self._interactive, view.full
-        ni = sample["net_input"]
-        bsz = ni["src_tokens"].size(0)
-        rows = sorted(range(bsz), key=lambda r: int(view.line_to_full[int(sample["id"][r])]))
-        out = [None] * bsz
+        device = sample["net_input"]["src_tokens"].device
+        lines = [int(i) for i in sample["id"].tolist()]
+        rows = sorted(range(len(lines)), key=lambda r: int(view.line_to_full[lines[r]]))
+        out = [None] * len(lines)
         for r in rows:
-            f = int(view.line_to_full[int(sample["id"][r])])
-            full.refresh_context_lengths()
-            one = {k: (v[r:r + 1] if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == bsz
-                       else v) for k, v in ni.items()}
-            ctx = full.collate_context([full.context_tokens(f, "tgt")], "tgt")
-            one.update({k: v.to(ni["src_tokens"].device) for k, v in ctx.items()})
-            s1 = {"id": sample["id"][r:r + 1], "nsentences": 1, "net_input": one}
+            f = int(view.line_to_full[lines[r]])
+            if full.windows:
+                full.refresh_context_lengths()
+            one = view.collater([view[lines[r]]])
+            one["net_input"] = {k: (v.to(device) if torch.is_tensor(v) else v)
+                                for k, v in one["net_input"].items()}
             hyp = super().inference_step(
-                generator, models, s1,
+                generator, models, one,
                 prefix_tokens[r:r + 1] if prefix_tokens is not None else None,
                 constraints[r:r + 1] if constraints is not None else None)[0]
             out[r] = hyp
@@ -557,12 +596,14 @@ class DocumentTranslationTask(TranslationTask):
             save_dir, restore = c.save_dir, c.restore_file
             suffix = c.checkpoint_suffix or ""
             finetune = c.finetune_from_model
+            continue_once = c.continue_once
         except Exception:  # no checkpoint options (a task built outside fairseq's CLIs)
             return None
         if not save_dir or not restore:
             return None
         if restore == "checkpoint_last.pt":
-            candidates = [os.path.join(save_dir, f"checkpoint_last{suffix}.pt"), finetune]
+            candidates = [os.path.join(save_dir, f"checkpoint_last{suffix}.pt"), continue_once,
+                          finetune]
         else:
             candidates = [restore.replace(".pt", suffix + ".pt") if suffix else restore]
         return next((p for p in candidates if p and os.path.isfile(p)), None)
