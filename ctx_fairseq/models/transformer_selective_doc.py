@@ -58,6 +58,21 @@ Choices where the paper is silent:
   ``query_doc``/``query_pos`` (in ``encoder_out``), never the memory.
 * Two-stage training: ``--init-from-sentence-checkpoint`` (stage 1: a
   ``transformer``); ``--freeze-sentence-level`` trains only the context layer.
+* An empty memory (online, a batch of first sentences only: ``--batch-size
+  1``, fairseq-interactive on a document's first line) runs nothing for the
+  memory; every sentence of such a batch is translated by the sentence-level
+  part.
+* The frozen copies get fresh fairseq incremental-state ids (``deepcopy``
+  would copy the decoder's, and beam search, which reorders the incremental
+  state of every submodule, would then reorder the decoder's buffers twice).
+* Decoder integration reads the last decoder layer's source attention as a
+  side output, so with ``--checkpoint-activations`` that one layer is not
+  checkpointed (a checkpointed layer computes it without gradients);
+  ``--decoder-layerdrop`` (which may skip that layer) and a
+  ``--decoder-output-dim`` other than ``--decoder-embed-dim`` are errors.
+* ``uses_target_context`` (read by the task) is true for decoder
+  integration only; ``context_stats()`` keeps the last forward's info
+  detached from the autograd graph.
 """
 
 import copy
@@ -66,6 +81,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -115,6 +131,12 @@ def _align(states: Tensor, width: int, left_pad: bool) -> Tensor:
     return torch.cat([pad, states], 0) if left_pad else torch.cat([states, pad], 0)
 
 
+def _detached(info: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """The context layer's info, kept for :meth:`context_stats` without its
+    autograd graph."""
+    return {k: (v.detach() if torch.is_tensor(v) else v) for k, v in info.items()}
+
+
 class _EvalMode:
     """Run a module in eval mode (no dropout) and restore its mode."""
 
@@ -157,6 +179,8 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         encoder, when the sentence level is frozen) without gradients, in eval
         mode."""
         mem, lengths = doc["mem_src_tokens"], doc["mem_src_lengths"]
+        if mem.size(0) == 0:  # no memory sentence (online: only first sentences); nothing to run
+            return enc_q.new_zeros(mem.size(1), 0, enc_q.size(2)), mem
         if self.args.context_memory == "frozen":
             enc = self.memory_encoder if self.memory_encoder is not None else self
             with torch.no_grad(), _EvalMode(enc):
@@ -208,7 +232,7 @@ class SelectiveDocEncoder(TransformerEncoderBase):
             query_padding_mask=pad_mask, need_weights=self.record_stats,
             return_stats=self.record_stats)
         out["encoder_out"] = [r_tilde]
-        self.last_info = info
+        self.last_info = _detached(info)
         return out
 
     @torch.jit.export
@@ -269,13 +293,38 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         self.last_info: Optional[Dict[str, Tensor]] = None
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_layer(_RecordingDecoderLayer(cfg, no_encoder_attn), cfg)
+        layer = _RecordingDecoderLayer(cfg, no_encoder_attn)
+        self._layers_built = getattr(self, "_layers_built", 0) + 1
+        if getattr(cfg, "context_integration", None) == "decoder" and \
+                self._layers_built == cfg.decoder.layers and cfg.checkpoint_activations:
+            # the context layer reads the last layer's source attention as a side
+            # output; under activation checkpointing it would be computed without
+            # gradients (the layer's forward runs under no_grad and is recomputed in
+            # the backward), so the last layer is not checkpointed
+            return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap)
+        return wrap_layer(layer, cfg)
 
     @staticmethod
     def _last_attention(decoder) -> _RecordingAttention:
         layer = decoder.layers[-1]
         layer = getattr(layer, "_checkpoint_wrapped_module", layer)
         return layer.encoder_attn
+
+    @classmethod
+    def _features_and_source_attention(cls, decoder, prev_output_tokens, encoder_out,
+                                       *args) -> Tuple[Tensor, Dict, Tensor]:
+        """``decoder``'s ``extract_features_scriptable`` and the last layer's
+        source-attention output of that very call (``T x B x C``; taken and
+        cleared, so that no stale output, nor its graph, is kept)."""
+        attn = cls._last_attention(decoder)
+        attn.last_output = None
+        x, extra = TransformerDecoderBase.extract_features_scriptable(
+            decoder, prev_output_tokens, encoder_out, *args)
+        out, attn.last_output = attn.last_output, None
+        if out is None or out.size(0) != x.size(1) or out.size(1) != x.size(0):
+            raise RuntimeError("decoder integration: the last decoder layer's source attention "
+                               "did not run for this input")
+        return x, extra, out
 
     def memory_states(self, encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor, Tensor]:
         """Keys (last-layer source-attention outputs), values (decoder output
@@ -287,18 +336,20 @@ class SelectiveDocDecoder(TransformerDecoderBase):
                              "references; generation: --target-context-file FILE or "
                              "--gold-target-context)")
         prev = encoder_out["mem_tgt_prev_tokens"][0]
+        if prev.size(0) == 0:  # no memory sentence (online: only first sentences)
+            like = encoder_out["mem_encoder_out"][0]
+            empty = like.new_zeros(0, prev.size(1), self.embed_dim)
+            return empty, empty, _real_words(prev, self.dictionary)
         mem_enc = {"encoder_out": encoder_out["mem_encoder_out"],
                    "encoder_padding_mask": encoder_out["mem_encoder_padding_mask"]}
         frozen = self.args.context_memory == "frozen"
         dec = self.memory_decoder if (frozen and self.memory_decoder is not None) else self
         if frozen:
             with torch.no_grad(), _EvalMode(dec):
-                x, _ = TransformerDecoderBase.extract_features_scriptable(dec, prev, mem_enc)
-                keys = self._last_attention(dec).last_output
+                x, _, keys = self._features_and_source_attention(dec, prev, mem_enc)
             x, keys = x.detach(), keys.detach()
         else:
-            x, _ = TransformerDecoderBase.extract_features_scriptable(dec, prev, mem_enc)
-            keys = self._last_attention(dec).last_output
+            x, _, keys = self._features_and_source_attention(dec, prev, mem_enc)
         return keys.transpose(0, 1), x, _real_words(prev, self.dictionary)
 
     def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
@@ -306,12 +357,13 @@ class SelectiveDocDecoder(TransformerDecoderBase):
                          full_context_alignment: bool = False,
                          alignment_layer: Optional[int] = None,
                          alignment_heads: Optional[int] = None):
-        x, extra = self.extract_features_scriptable(
-            prev_output_tokens, encoder_out, incremental_state, full_context_alignment,
-            alignment_layer, alignment_heads)
         if self.context_layer is None:
-            return x, extra
-        query = self._last_attention(self).last_output  # T x B x C (read before the memory)
+            return self.extract_features_scriptable(
+                prev_output_tokens, encoder_out, incremental_state, full_context_alignment,
+                alignment_layer, alignment_heads)
+        x, extra, query = self._features_and_source_attention(  # query: T x B x C
+            self, prev_output_tokens, encoder_out, incremental_state, full_context_alignment,
+            alignment_layer, alignment_heads)
         cached = incremental_state.get("selective_doc_memory") if incremental_state is not None \
             else None
         if cached is not None:
@@ -327,7 +379,7 @@ class SelectiveDocDecoder(TransformerDecoderBase):
             x.transpose(0, 1), memory, encoder_out["query_doc"][0], encoder_out["query_pos"][0],
             self.online, query=query, query_padding_mask=pad_mask,
             need_weights=self.record_stats, return_stats=self.record_stats)
-        self.last_info = info
+        self.last_info = _detached(info)
         return r_tilde.transpose(0, 1), extra
 
 
@@ -338,7 +390,11 @@ class TransformerSelectiveDocModel(TransformerModel):
     --document-context online|offline --document-memory`` (decoder
     integration: also ``--target-context-size 1``)."""
 
-    uses_target_context = True
+    @property
+    def uses_target_context(self) -> bool:
+        """Only decoder integration reads the target memory (the task warns
+        about ``--target-context-size`` otherwise)."""
+        return self.args.context_integration == "decoder"
 
     # ------------------------------------------------------------ ctx-demo hooks
     @staticmethod
@@ -426,6 +482,16 @@ class TransformerSelectiveDocModel(TransformerModel):
                 int(getattr(tcfg, "target_context_size", 0)) <= 0:
             raise ValueError("--context-integration decoder needs the target side of the "
                              "document memory: --target-context-size 1")
+        if args.context_integration == "decoder" and \
+                (getattr(args, "decoder_output_dim", None) or args.decoder_embed_dim) \
+                != args.decoder_embed_dim:
+            raise ValueError("--context-integration decoder needs --decoder-output-dim equal to "
+                             "--decoder-embed-dim (the context layer gates the decoder states)")
+        if args.context_integration == "decoder" and \
+                float(getattr(args, "decoder_layerdrop", 0) or 0) > 0:
+            raise ValueError("--context-integration decoder reads the last decoder layer's source "
+                             "attention, which --decoder-layerdrop may drop; use "
+                             "--decoder-layerdrop 0")
         return super().build_model(args, task)
 
     @classmethod
@@ -471,24 +537,37 @@ class TransformerSelectiveDocModel(TransformerModel):
     def load_sentence_checkpoint(self, path: str):
         return load_sentence_checkpoint(self, path)
 
+    @staticmethod
+    def _frozen_copy(part, layer_attr: str, copy_attr: str):
+        """A frozen deep copy of ``part`` (encoder or decoder) without its
+        context layer or frozen copy. fairseq keys incremental state by an id
+        each module draws when built, and ``deepcopy`` copies it: the copy's
+        attention modules would share the decoder's buffers, and beam search
+        (``reorder_incremental_state_scripting`` visits every submodule) would
+        reorder them twice. The copy's modules get fresh ids."""
+        saved = getattr(part, layer_attr), getattr(part, copy_attr)
+        setattr(part, layer_attr, None)
+        setattr(part, copy_attr, None)
+        try:
+            frozen = copy.deepcopy(part)
+        finally:
+            setattr(part, layer_attr, saved[0])
+            setattr(part, copy_attr, saved[1])
+        for module in frozen.modules():
+            if hasattr(module, "init_incremental_state"):
+                module.init_incremental_state()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        return frozen
+
     def _make_frozen_copies(self) -> None:
         """Frozen copies of the sentence-level encoder (and decoder, for
         decoder integration) as they are now, for ``--context-memory frozen``."""
-        enc_layer, self.encoder.context_layer = self.encoder.context_layer, None
-        enc = copy.deepcopy(self.encoder)
-        self.encoder.context_layer = enc_layer
-        enc.memory_encoder = None
-        for p in enc.parameters():
-            p.requires_grad_(False)
-        self.encoder.memory_encoder = enc
+        self.encoder.memory_encoder = self._frozen_copy(self.encoder, "context_layer",
+                                                        "memory_encoder")
         if self.args.context_integration == "decoder":
-            dec_layer, self.decoder.context_layer = self.decoder.context_layer, None
-            dec = copy.deepcopy(self.decoder)
-            self.decoder.context_layer = dec_layer
-            dec.memory_decoder = None
-            for p in dec.parameters():
-                p.requires_grad_(False)
-            self.decoder.memory_decoder = dec
+            self.decoder.memory_decoder = self._frozen_copy(self.decoder, "context_layer",
+                                                            "memory_decoder")
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
                 features_only: bool = False, alignment_layer: Optional[int] = None,

@@ -1,0 +1,831 @@
+"""transformer_selective_doc (Maruf et al. 2019, selective attention over the
+whole document): the fairseq CLIs for every attention variant and both
+integrations, incremental decoding with beam reorder (memory computed once),
+padding invariance, visibility through the model, the no-context bypass,
+dense == selective, two-stage training with a frozen memory, query-encoding
+reuse, empty memories, clear errors and fairseq-interactive."""
+
+import os
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import ctx_fairseq  # noqa: F401  (registers the model and the task)
+from fairseq import checkpoint_utils, options, tasks
+from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.models.transformer import TransformerEncoderBase
+
+from ctx_fairseq.data.document_dataset import DocumentContextDataset
+from ctx_fairseq.models.transformer_dc import _dummy_dictionary
+from ctx_fairseq.models.transformer_selective_doc import (
+    SelectiveDocDecoder,
+    SelectiveDocEncoder,
+    TransformerSelectiveDocModel,
+)
+from fairseq_cli_utils import TINY_MODEL_ARGS, hypotheses, interactive, train_and_generate
+
+VOCAB = 40
+ARCH = "transformer_selective_doc"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The test machine's cores are shared: one intra-op thread is faster."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _Task:
+    """What build_model reads from a document_translation task."""
+
+    def __init__(self, d, mode="online", target_context=0, left_pad_source=True, memory=True):
+        self.source_dictionary = self.target_dictionary = d
+        self.cfg = SimpleNamespace(document_context=mode, document_memory=memory,
+                                   target_context_size=target_context,
+                                   left_pad_source=left_pad_source)
+
+
+def build(extra=(), integration="encoder", mode="online", double=True, left_pad_source=True,
+          arch=ARCH):
+    """A tiny model (2+2 layers, d=32) built as fairseq builds it, dropout off,
+    non-trivial biases / LayerNorm parameters."""
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["/dev/null", "--arch", arch, "--task", "translation", "--dropout", "0",
+         *TINY_MODEL_ARGS, "--context-integration", integration, *extra])
+    d = _dummy_dictionary(VOCAB)
+    task = _Task(d, mode, 1 if integration == "decoder" else 0, left_pad_source)
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, task)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.finish_setup(None, new_run=False)  # as for a checkpoint: the frozen copies, if any
+    if double:
+        model = model.double()
+    return model.eval(), d
+
+
+def corpus(d, doc_sizes, seed=0, lengths=None):
+    """Random documents: source sentences of 2-6 words (or ``lengths``) + </s>,
+    targets one word longer."""
+    rng = random.Random(seed)
+    src, tgt, ids = [], [], []
+    k = 0
+    for doc, n in enumerate(doc_sizes):
+        for _ in range(n):
+            length = lengths[k] if lengths else rng.randint(2, 6)
+            k += 1
+            src.append(torch.tensor([rng.randrange(d.nspecial, len(d)) for _ in range(length)]
+                                    + [d.eos()]))
+            tgt.append(torch.tensor([rng.randrange(d.nspecial, len(d)) for _ in range(length + 1)]
+                                    + [d.eos()]))
+            ids.append(f"doc{doc}")
+    return src, tgt, ids
+
+
+def collate(d, data, rows, mode="online", integration="encoder", left_pad_source=True):
+    """A batch of sentences ``rows`` with its document memory, collated by
+    the task's dataset (``DocumentContextDataset.collate_memory``)."""
+    src, tgt, ids = data
+    base = LanguagePairDataset(src, np.array([len(s) for s in src]), d, tgt,
+                               np.array([len(t) for t in tgt]), d,
+                               left_pad_source=left_pad_source, shuffle=False)
+    ds = DocumentContextDataset(base, ids, document_context=mode, document_memory=True,
+                                tgt_context_size=1 if integration == "decoder" else 0)
+    return ds.collater([ds[i] for i in rows])
+
+
+def enc_input(ni):
+    return {k: v for k, v in ni.items() if k != "prev_output_tokens"}
+
+
+def sentence_level_copy(model, d):
+    """A fairseq ``transformer`` holding the same weights (state dict without
+    the context layer)."""
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["/dev/null", "--arch", "transformer", "--task", "translation", "--dropout", "0",
+         *TINY_MODEL_ARGS])
+    plain = ARCH_MODEL_REGISTRY["transformer"].build_model(args, _Task(d)).to(
+        next(model.parameters()).dtype)
+    state = {k: v for k, v in model.state_dict().items()
+             if ".context_layer." not in k and ".memory_" not in k}
+    plain.load_state_dict(state, strict=True)
+    return plain.eval()
+
+
+def setup_task(data, *extra):
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [data, "--task", "document_translation", "--arch", ARCH, *TINY_MODEL_ARGS,
+         "--share-all-embeddings", *extra])
+    cfg = convert_namespace_to_omegaconf(args)
+    return tasks.setup_task(cfg.task), cfg
+
+
+def count_calls(monkeypatch, cls, name="memory_states"):
+    calls = []
+    real = getattr(cls, name)
+
+    def spy(self, *args, **kwargs):
+        calls.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
+# --------------------------------------------------------------------------- fairseq CLIs
+
+DOC = ["--task", "document_translation", "--document-memory", "--share-all-embeddings"]
+
+CLI_CONFIGS = {
+    # name: (integration, online|offline, model options)
+    "enc-online-sparse-soft": ("encoder", "online", ["--word-attn", "softmax"]),
+    "enc-offline-sparse-sparse": ("encoder", "offline", ["--word-attn", "sparsemax"]),
+    "enc-online-flat-sentence": ("encoder", "online", ["--doc-attention", "flat-sentence"]),
+    "enc-offline-flat-word": ("encoder", "offline", ["--doc-attention", "flat-word"]),
+    "dec-offline-sparse-soft": ("decoder", "offline", ["--word-attn", "softmax"]),
+    "dec-online-sparse-sparse": ("decoder", "online", ["--word-attn", "sparsemax"]),
+    "dec-offline-flat-sentence": ("decoder", "offline", ["--doc-attention", "flat-sentence"]),
+    "dec-online-flat-word": ("decoder", "online", ["--doc-attention", "flat-word"]),
+}
+
+
+def _doc_args(mode, integration, generation=False):
+    args = [*DOC[:2], "--document-context", mode, "--document-memory"]
+    if integration == "decoder":
+        args += ["--target-context-size", "1"]
+        if generation:
+            args += ["--gold-target-context"]
+    return args
+
+
+@pytest.fixture(scope="module")
+def cli_run(toy_bin, tmp_path_factory):
+    """Train a configuration of CLI_CONFIGS for 2 updates and beam-search the
+    test set (each at most once per module)."""
+    runs = {}
+
+    def run(name):
+        if name not in runs:
+            integration, mode, opts = CLI_CONFIGS[name]
+            save = str(tmp_path_factory.mktemp(name))
+            out = train_and_generate(
+                toy_bin, save, ARCH, max_update=2,
+                extra=[*_doc_args(mode, integration), "--share-all-embeddings",
+                       "--context-integration", integration, *opts],
+                gen_extra=_doc_args(mode, integration, generation=True))
+            runs[name] = (os.path.join(save, "checkpoint_last.pt"), out)
+        return runs[name]
+
+    return run
+
+
+def _n_test(toy_bin):
+    return sum(1 for _ in open(os.path.join(toy_bin, "test.docids")))
+
+
+@pytest.mark.parametrize("name", list(CLI_CONFIGS))
+def test_cli_train_and_generate(cli_run, toy_bin, name):
+    integration, mode, opts = CLI_CONFIGS[name]
+    ckpt, out = cli_run(name)
+    ids = sorted(int(line.split("\t")[0][2:]) for line in out.splitlines()
+                 if line.startswith("H-"))
+    assert ids == list(range(_n_test(toy_bin)))  # every test sentence, once
+    assert len(hypotheses(out)) == _n_test(toy_bin)
+    state = torch.load(ckpt, weights_only=True)
+    keys = state["model"].keys()
+    side = "encoder" if integration == "encoder" else "decoder"
+    other = "decoder" if integration == "encoder" else "encoder"
+    assert any(k.startswith(f"{side}.context_layer.context_attn.") for k in keys)
+    assert not any(k.startswith(f"{other}.context_layer.") for k in keys)
+    assert not any(".memory_" in k for k in keys)  # shared memory: no frozen copies
+    margs = state["cfg"]["model"]
+    assert margs.context_integration == integration and margs.document_context_mode == mode
+    attn = dict(zip(opts[::2], opts[1::2]))
+    assert margs.doc_attention == attn.get("--doc-attention", "hierarchical")
+    assert margs.word_attn == attn.get("--word-attn", "softmax")
+
+
+# --------------------------------------------------------------------------- incremental decoding
+
+DEC_VARIANTS = [[], ["--word-attn", "sparsemax"], ["--doc-attention", "flat-sentence"],
+                ["--doc-attention", "flat-word"], ["--context-memory", "frozen"]]
+
+
+@pytest.mark.parametrize("extra", DEC_VARIANTS, ids=lambda e: "-".join(e) or "default")
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_incremental_equals_full_forward_with_beam_reorder(extra, mode, monkeypatch):
+    model, d = build(extra, integration="decoder", mode=mode)
+    data = corpus(d, [4, 3])
+    ni = collate(d, data, [1, 2, 3, 5, 6], mode, "decoder")["net_input"]
+    bsz, beam, split = ni["src_tokens"].size(0), 2, 3
+    enc_calls = count_calls(monkeypatch, SelectiveDocEncoder)
+    dec_calls = count_calls(monkeypatch, SelectiveDocDecoder)
+    g = torch.Generator().manual_seed(4)
+    prev = torch.randint(d.nspecial, len(d), (bsz * beam, 7), generator=g)
+    prev[:, 0] = d.eos()
+    # beam search reorders within each sentence's beam (and duplicates hypotheses)
+    order = torch.tensor([1, 1, 2, 3, 5, 4, 6, 6, 9, 8])
+    with torch.no_grad():
+        enc = model.encoder(**enc_input(ni))
+        enc = model.encoder.reorder_encoder_out(enc, torch.arange(bsz).repeat_interleave(beam))
+        state, steps = {}, []
+        for t in range(split):
+            o, _ = model.decoder(prev[:, :t + 1], enc, incremental_state=state)
+            steps.append(o[:, -1])
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        enc2 = model.encoder.reorder_encoder_out(enc, order)
+        prev2 = torch.cat([prev[order, :split], prev[:, split:]], 1)
+        for t in range(split, prev.size(1)):
+            o, _ = model.decoder(prev2[:, :t + 1], enc2, incremental_state=state)
+            steps.append(o[:, -1])
+        assert (len(enc_calls), len(dec_calls)) == (1, 1)  # the memory: once per batch
+        steps = torch.stack(steps, 1)
+        full1, _ = model.decoder(prev, enc)
+        full2, _ = model.decoder(prev2, enc2)
+    assert steps.dtype == torch.float64
+    # fairseq's incremental attention normalises in float32: 1e-6, not 1e-12
+    assert (steps[:, :split] - full1[:, :split]).abs().max() < 1e-6
+    assert (steps[:, split:] - full2[:, split:]).abs().max() < 1e-6
+    assert (full1[:, split:] - full2[:, split:]).abs().max() > 1e-3  # the reorder mattered
+    # the queries follow the beam, the memory (per document) does not
+    assert torch.equal(enc2["query_doc"][0], enc["query_doc"][0][order])
+    assert enc2["mem_encoder_out"][0] is enc["mem_encoder_out"][0]
+
+
+def test_beam_search_computes_the_memory_once_per_batch(monkeypatch):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, d = build(integration="decoder", double=False)
+    data = corpus(d, [4, 3])
+    sample = collate(d, data, list(range(7)), "online", "decoder")
+    enc_calls = count_calls(monkeypatch, SelectiveDocEncoder)
+    dec_calls = count_calls(monkeypatch, SelectiveDocDecoder)
+    gen = SequenceGenerator([model], d, beam_size=3, max_len_b=6, min_len=2)
+    with torch.no_grad():
+        hyps = gen.generate([model], sample)
+    assert len(hyps) == 7 and all(len(h) == 3 for h in hyps)
+    assert (len(enc_calls), len(dec_calls)) == (1, 1)
+
+
+# --------------------------------------------------------------------------- encoder: padding
+
+
+@pytest.mark.parametrize("extra", [[], ["--context-memory", "frozen"],
+                                   ["--doc-attention", "flat-sentence"],
+                                   ["--doc-attention", "flat-word"]],
+                         ids=lambda e: "-".join(e) or "default")
+@pytest.mark.parametrize("left_pad_source", [True, False], ids=["left-pad", "right-pad"])
+def test_encoder_output_does_not_depend_on_padding(extra, left_pad_source):
+    model, d = build(extra, mode="offline", left_pad_source=left_pad_source)
+    # document 0: a long sentence before the short query (position 2); document 1: long ones
+    data = corpus(d, [4, 3], lengths=[9, 3, 2, 5, 12, 11, 10])
+
+    def encode(rows):
+        batch = collate(d, data, rows, "offline", left_pad_source=left_pad_source)
+        ni = batch["net_input"]
+        with torch.no_grad():
+            out = model.encoder(**enc_input(ni))["encoder_out"][0]
+        r = batch["id"].tolist().index(2)
+        real = ni["src_tokens"][r].ne(d.pad())
+        return out[real, r], tuple(ni["src_tokens"].shape), tuple(ni["mem_src_tokens"].shape)
+
+    alone, src1, mem1 = encode([2])
+    in_batch, src2, mem2 = encode([2, 3, 4, 5, 6])
+    mixed, src3, mem3 = encode([1, 2, 6])
+    # the source and the memory rows are padded differently each time
+    assert src1[1] < mem1[1] < src2[1] and mem1 != mem2 and mem3[0] != mem1[0]
+    assert (alone - in_batch).abs().max() < 1e-10
+    assert (alone - mixed).abs().max() < 1e-10
+
+
+# --------------------------------------------------------------------------- visibility
+
+
+def _perturb(ni, row, d, seed, sides):
+    """Replace the words of memory row ``row`` (source and/or target side)
+    by random words; the query whose own row it is no longer shares it
+    (``query_mem_row`` -1), so only the memory changes."""
+    ni = {k: v.clone() for k, v in ni.items()}
+    keys = {"src": ["mem_src_tokens"], "tgt": ["mem_tgt_tokens", "mem_tgt_prev_tokens"]}
+    for side in sides:
+        for k in keys[side]:
+            t = ni[k][row]
+            words = t.ne(d.pad()) & t.ne(d.eos())
+            g = torch.Generator().manual_seed(seed)
+            new = torch.randint(d.nspecial, len(d), (int(words.sum()),), generator=g)
+            assert not torch.equal(new, t[words])
+            t[words] = new
+    ni["query_mem_row"][ni["query_mem_row"] == row] = -1
+    return ni
+
+
+def _output(model, ni, integration, r):
+    with torch.no_grad():
+        if integration == "encoder":
+            return model.encoder(**enc_input(ni))["encoder_out"][0][:, r]
+        return model(**ni)[0][r]
+
+
+def _in_support(model, ni, integration, r, row):
+    """Whether memory row ``row`` gets attention from query ``r`` (sentence
+    weights recorded through ``record_stats``)."""
+    part = model.encoder if integration == "encoder" else model.decoder
+    part.record_stats = True
+    try:
+        _output(model, ni, integration, r)
+        info = part.last_info
+    finally:
+        part.record_stats = False
+    cols = (info["sent_index"][r] == row).nonzero().flatten()
+    return bool(cols.numel()) and bool(info["sent_weights"][r][..., cols].ne(0).any())
+
+
+@pytest.mark.parametrize("extra", [[], ["--word-attn", "sparsemax"],
+                                   ["--doc-attention", "flat-sentence"],
+                                   ["--doc-attention", "flat-word"],
+                                   ["--context-memory", "frozen"]],
+                         ids=lambda e: "-".join(e) or "default")
+@pytest.mark.parametrize("integration", ["encoder", "decoder"])
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_visibility_through_the_model(mode, integration, extra):
+    """Online: the query (position 1 of document A) sees only position 0; the
+    current and later sentences in the memory (there for the batch's
+    position-3 query) do not matter. Offline: everything but the current
+    sentence matters. Another document never matters."""
+    model, d = build(extra, integration=integration, mode=mode)
+    data = corpus(d, [5, 3])
+    rows = [1, 3, 5, 6] if mode == "online" else [1, 6]
+    batch = collate(d, data, rows, mode, integration)
+    ni = batch["net_input"]
+    r = batch["id"].tolist().index(1)
+    sides = ("src",) if integration == "encoder" else ("src", "tgt")
+    base = _output(model, ni, integration, r)
+    doc = int(ni["query_doc"][r])
+    seen = set()
+    for row in range(ni["mem_pos"].numel()):
+        pos, same_doc = int(ni["mem_pos"][row]), int(ni["mem_doc"][row]) == doc
+        diff = (_output(model, _perturb(ni, row, d, 11 + row, sides), integration, r)
+                - base).abs().max()
+        visible = same_doc and (pos < 1 if mode == "online" else pos != 1)
+        if not visible:
+            assert diff < 1e-10, (row, pos, same_doc)
+        elif mode == "online" or _in_support(model, ni, integration, r, row):
+            assert diff > 1e-4, (row, pos)
+        seen.add((same_doc, "earlier" if pos < 1 else "current" if pos == 1 else "later"))
+    expected = {(True, "earlier"), (True, "current"), (True, "later"), (False, "earlier")}
+    assert expected <= seen
+    if mode == "offline":  # sparsemax may leave a sentence out; at least one was in the support
+        assert any(_in_support(model, ni, integration, r, row)
+                   for row in range(ni["mem_pos"].numel())
+                   if int(ni["mem_doc"][row]) == doc and int(ni["mem_pos"][row]) != 1)
+
+
+# --------------------------------------------------------------------------- wiring by hand
+
+
+def _real_words(tokens, d):
+    return tokens.ne(d.pad()) & tokens.ne(d.eos()) & tokens.ne(d.bos())
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_encoder_integration_by_hand(mode):
+    """r~ = ContextLayer(r, memory): r and the memory are the sentence-level
+    encoder's last-layer states of the query and of each memory sentence (Sec. 3.3)."""
+    model, d = build(mode=mode)
+    plain = sentence_level_copy(model, d)
+    data = corpus(d, [4, 1, 3])
+    ni = collate(d, data, [1, 3, 4, 5, 7], mode)["net_input"]
+    layer = model.encoder.context_layer
+    with torch.no_grad():
+        r = plain.encoder(ni["src_tokens"], ni["src_lengths"])["encoder_out"][0]
+        mem = plain.encoder(ni["mem_src_tokens"], ni["mem_src_lengths"])["encoder_out"][0]
+        words = mem.transpose(0, 1)
+        memory = layer.project_memory(words, words, _real_words(ni["mem_src_tokens"], d),
+                                      ni["mem_doc"], ni["mem_pos"])
+        want, _ = layer(r, memory, ni["query_doc"], ni["query_pos"], mode == "online")
+        got = model.encoder(**enc_input(ni))["encoder_out"][0]
+    real = ni["src_tokens"].ne(d.pad()).t()
+    assert (got - want)[real].abs().max() < 1e-10
+    assert (got - r)[real].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_decoder_integration_by_hand(mode):
+    """Queries: the last decoder layer's source-attention output; r: the
+    decoder output; memory: the memory targets decoded with teacher forcing
+    on their own sources, keys the last layer's source-attention outputs,
+    values the output states, one word per real target word (Sec. 3.3, Fig. 3)."""
+    model, d = build(integration="decoder", mode=mode)
+    plain = sentence_level_copy(model, d)
+    data = corpus(d, [4, 1, 3])
+    ni = collate(d, data, [1, 3, 4, 5, 7], mode, "decoder")["net_input"]
+    layer = model.decoder.context_layer
+    seen = []
+    hook = plain.decoder.layers[-1].encoder_attn.register_forward_hook(
+        lambda mod, args, out: seen.append(out[0]))
+    try:
+        with torch.no_grad():
+            enc = plain.encoder(ni["src_tokens"], ni["src_lengths"])
+            r, _ = plain.decoder.extract_features(ni["prev_output_tokens"], enc)
+            query = seen[-1]
+            mem_enc = plain.encoder(ni["mem_src_tokens"], ni["mem_src_lengths"])
+            prev = ni["mem_tgt_prev_tokens"]
+            values, _ = plain.decoder.extract_features(prev, mem_enc)
+            keys = seen[-1].transpose(0, 1)
+            memory = layer.project_memory(keys, values, _real_words(prev, d), ni["mem_doc"],
+                                          ni["mem_pos"])
+            r_tilde, _ = layer(r.transpose(0, 1), memory, ni["query_doc"], ni["query_pos"],
+                               mode == "online", query=query)
+            want = plain.decoder.output_layer(r_tilde.transpose(0, 1))
+            got, _ = model(**ni)
+            ref, _ = plain(ni["src_tokens"], ni["src_lengths"], ni["prev_output_tokens"])
+    finally:
+        hook.remove()
+    real = ni["prev_output_tokens"].ne(d.pad())
+    assert (got - want)[real].abs().max() < 1e-10
+    assert (got - ref)[real].abs().max() > 1e-3
+
+
+# --------------------------------------------------------------------------- no context
+
+
+@pytest.mark.parametrize("integration", ["encoder", "decoder"])
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_no_visible_context_is_the_sentence_level_model(mode, integration):
+    """First sentences (online) and one-sentence documents get exactly the
+    output of a fairseq transformer holding the same weights; the others do not."""
+    model, d = build(integration=integration, mode=mode)
+    plain = sentence_level_copy(model, d)
+    data = corpus(d, [4, 1, 3])
+    batch = collate(d, data, list(range(8)), mode, integration)
+    ni = batch["net_input"]
+    with torch.no_grad():
+        out, _ = model(**ni)
+        ref, _ = plain(ni["src_tokens"], ni["src_lengths"], ni["prev_output_tokens"])
+    firsts = {0, 4, 5} if mode == "online" else {4}
+    for r, i in enumerate(batch["id"].tolist()):
+        real = ni["prev_output_tokens"][r].ne(d.pad())
+        diff = (out[r][real] - ref[r][real]).abs().max()
+        if i in firsts:
+            assert diff < 1e-12, i
+        else:
+            assert diff > 1e-3, i
+
+
+@pytest.mark.parametrize("memory", ["shared", "frozen"])
+@pytest.mark.parametrize("integration", ["encoder", "decoder"])
+def test_a_batch_with_an_empty_memory(integration, memory, monkeypatch):
+    """Online, a batch of first sentences has no memory row at all (e.g.
+    ``--batch-size 1`` or fairseq-interactive on a document's first line):
+    training and beam search run, outputs are the sentence-level model's."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, d = build(["--context-memory", memory], integration=integration)
+    plain = sentence_level_copy(model, d)
+    data = corpus(d, [4, 3, 1])
+    sample = collate(d, data, [0, 4, 7], "online", integration)
+    ni = sample["net_input"]
+    assert ni["mem_src_tokens"].size(0) == 0
+    with torch.no_grad():
+        out, _ = model(**ni)
+        ref, _ = plain(ni["src_tokens"], ni["src_lengths"], ni["prev_output_tokens"])
+    real = ni["prev_output_tokens"].ne(d.pad())
+    assert (out - ref)[real].abs().max() < 1e-12
+    model.train()
+    out, _ = model(**ni)
+    out.sum().backward()
+    grads = [p.grad for n, p in model.named_parameters() if ".context_layer." in n]
+    assert all(g is None or (g == 0).all() for g in grads)
+    model.eval()
+    gen = SequenceGenerator([model], d, beam_size=2, max_len_b=5)
+    with torch.no_grad():
+        assert len(gen.generate([model], sample)) == 3
+
+
+# --------------------------------------------------------------------------- dense == selective
+
+
+@pytest.mark.parametrize("attn", [["--word-attn", "softmax"], ["--word-attn", "sparsemax"],
+                                  ["--sentence-attn", "softmax"]], ids=lambda a: "-".join(a))
+@pytest.mark.parametrize("integration", ["encoder", "decoder"])
+def test_dense_doc_attention_equals_the_selective_path(integration, attn):
+    model, d = build(attn, integration=integration, mode="offline")
+    dense, _ = build([*attn, "--dense-doc-attention"], integration=integration, mode="offline")
+    dense.load_state_dict(model.state_dict(), strict=True)
+    layer = (model.encoder if integration == "encoder" else model.decoder).context_layer
+    dense_layer = (dense.encoder if integration == "encoder" else dense.decoder).context_layer
+    assert layer.context_attn.selective and not dense_layer.context_attn.selective
+    data = corpus(d, [5, 1, 4])
+    ni = collate(d, data, list(range(10)), "offline", integration)["net_input"]
+    a, _ = model(**ni)
+    b, _ = dense(**ni)
+    assert (a - b).abs().max() < 1e-12
+    (a.sin().sum()).backward()
+    (b.sin().sum()).backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), dense.named_parameters()):
+        assert (p.grad - q.grad).abs().max() < 1e-10, name
+
+
+# --------------------------------------------------------------------------- training options
+
+
+@pytest.mark.parametrize("integration", ["encoder", "decoder"])
+def test_activation_checkpointing_keeps_every_gradient(integration):
+    """Decoder integration reads the last layer's source attention as a side
+    output: under --checkpoint-activations it must still carry gradients."""
+    model, d = build(integration=integration)
+    ckpt, _ = build(["--checkpoint-activations"], integration=integration)
+    ckpt.load_state_dict(model.state_dict(), strict=True)
+    ni = collate(d, corpus(d, [4, 3]), list(range(7)), "online", integration)["net_input"]
+    grads = []
+    for m in (model, ckpt):
+        m.train()
+        out, _ = m(**ni)
+        out.sin().sum().backward()
+        grads.append({n: p.grad for n, p in m.named_parameters()})
+    for name, g in grads[0].items():
+        assert g is not None and grads[1][name] is not None, name
+        assert (g - grads[1][name]).abs().max() < 1e-10, name
+
+
+# --------------------------------------------------------------------------- shared memory
+
+
+@pytest.mark.parametrize("left_pad_source", [True, False], ids=["left-pad", "right-pad"])
+def test_shared_memory_reuses_the_query_encodings(left_pad_source, monkeypatch):
+    model, d = build(mode="offline", left_pad_source=left_pad_source)
+    data = corpus(d, [5, 1, 4], lengths=[3, 8, 2, 4, 5, 6, 2, 9, 3, 4])
+    ni = collate(d, data, [0, 2, 4, 5, 7], "offline", left_pad_source=left_pad_source)[
+        "net_input"]
+    doc = {k: v for k, v in ni.items() if k not in ("src_tokens", "src_lengths",
+                                                     "prev_output_tokens")}
+    rows = ni["query_mem_row"]
+    assert (rows >= 0).all()  # offline: every query is a memory row too
+    encoded = []
+    real = TransformerEncoderBase.forward_scriptable
+
+    def spy(self, src_tokens, *args, **kwargs):
+        encoded.append(src_tokens.size(0))
+        return real(self, src_tokens, *args, **kwargs)
+
+    with torch.no_grad():
+        q = model.encoder.forward_scriptable(ni["src_tokens"], ni["src_lengths"])
+        q = q["encoder_out"][0]
+        monkeypatch.setattr(TransformerEncoderBase, "forward_scriptable", spy)
+        shared, tok1 = model.encoder.memory_states(ni["src_tokens"], q, doc)
+        separate, tok2 = model.encoder.memory_states(
+            ni["src_tokens"], q, dict(doc, query_mem_row=torch.full_like(rows, -1)))
+    S = ni["mem_src_tokens"].size(0)
+    assert encoded == [S - rows.numel(), S]  # only the memory rows that are not queries
+    assert torch.equal(tok1, tok2)
+    words = tok1.ne(d.pad()).t()  # W x S
+    assert shared.shape == separate.shape == (tok1.size(1), S, 32)
+    assert (shared - separate)[words].abs().max() < 1e-10
+    # and the query rows really are the query encodings
+    for b, row in enumerate(rows.tolist()):
+        n = int(ni["src_tokens"][b].ne(d.pad()).sum())
+        qs = q[-n:, b] if left_pad_source else q[:n, b]
+        ms = shared[:, row][words[:, row]]
+        assert torch.equal(qs, ms)
+
+
+# --------------------------------------------------------------------------- two stages
+
+
+def test_init_from_sentence_checkpoint_and_freeze(toy_bin, sentence_ckpt):
+    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    task, cfg = setup_task(toy_bin, "--document-context", "online", "--document-memory",
+                           "--init-from-sentence-checkpoint", sentence_ckpt)
+    model = task.build_model(cfg.model)
+    own = model.state_dict()
+    shared = [k for k in own if k in theirs]
+    assert "encoder.layers.1.fc1.weight" in shared
+    assert "decoder.layers.1.encoder_attn.k_proj.weight" in shared
+    for k in shared:
+        assert torch.equal(own[k], theirs[k].to(own[k].dtype)), k
+    fresh = [k for k in own if k not in theirs]
+    assert fresh and all(k.startswith("encoder.context_layer.") for k in fresh), fresh
+    assert not any(k.startswith("decoder.context_layer.") for k in own)
+    assert all(p.requires_grad for p in model.parameters())
+
+    task, cfg = setup_task(toy_bin, "--document-context", "online", "--document-memory",
+                           "--target-context-size", "1", "--context-integration", "decoder",
+                           "--init-from-sentence-checkpoint", sentence_ckpt,
+                           "--freeze-sentence-level")
+    model = task.build_model(cfg.model)
+    own = model.state_dict()
+    assert all(torch.equal(own[k], theirs[k]) for k in own if k in theirs)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(n.startswith("decoder.context_layer.") for n in trainable)
+    assert {n for n, _ in model.named_parameters()} - set(trainable) == {
+        n for n, _ in model.sentence_level_parameters()}
+
+
+def test_frozen_memory_needs_the_stage1_checkpoint(toy_bin):
+    task, cfg = setup_task(toy_bin, "--document-context", "online", "--document-memory",
+                           "--context-memory", "frozen")
+    with pytest.raises(ValueError,
+                       match="--context-memory frozen.*--init-from-sentence-checkpoint"):
+        task.build_model(cfg.model)
+
+
+def test_frozen_memory_copies_stay_the_stage1_model(toy_bin, sentence_ckpt, tmp_path):
+    """Decoder integration, frozen memory: the copies equal the stage-1
+    weights when built, are not trained (2 updates of the rest), are saved,
+    and the checkpoint reloads for fairseq-generate."""
+    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    args = [*_doc_args("online", "decoder"), "--context-integration", "decoder",
+            "--context-memory", "frozen"]
+    task, cfg = setup_task(toy_bin, *args, "--init-from-sentence-checkpoint", sentence_ckpt)
+    model = task.build_model(cfg.model)
+    assert model.encoder.memory_encoder is not None and model.decoder.memory_decoder is not None
+    assert not any(p.requires_grad for n, p in model.named_parameters() if ".memory_" in n)
+    copies = {n: p for n, p in model.state_dict().items() if ".memory_" in n}
+    assert "decoder.memory_decoder.layers.1.encoder_attn.k_proj.weight" in copies
+    for n, p in copies.items():
+        assert torch.equal(p, theirs[n.replace("memory_encoder.", "").replace(
+            "memory_decoder.", "")]), n
+
+    save = str(tmp_path / "frozen")
+    out = train_and_generate(
+        toy_bin, save, ARCH, max_update=2,
+        extra=[*args, "--share-all-embeddings", "--init-from-sentence-checkpoint",
+               sentence_ckpt],
+        gen_extra=_doc_args("online", "decoder", generation=True))
+    assert len(hypotheses(out)) == _n_test(toy_bin)
+    state = torch.load(os.path.join(save, "checkpoint_last.pt"), weights_only=True)["model"]
+    frozen = {k: v for k, v in state.items() if ".memory_" in k}
+    assert set(frozen) == set(copies)
+    for k, v in frozen.items():
+        assert torch.equal(v, theirs[k.replace("memory_encoder.", "").replace(
+            "memory_decoder.", "")]), k
+    # ... while the model's own sentence-level layers were trained
+    assert not torch.equal(state["encoder.layers.0.fc1.weight"],
+                           theirs["encoder.layers.0.fc1.weight"])
+    assert not torch.equal(state["decoder.layers.1.fc2.weight"],
+                           theirs["decoder.layers.1.fc2.weight"])
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["copies", "freeze-sentence-level"])
+def test_frozen_memory_is_computed_without_gradients_in_eval_mode(freeze):
+    """The frozen memory runs under no_grad and without dropout (eval mode)
+    while the model trains; it comes from the frozen copies (or, with
+    --freeze-sentence-level, from the model's own frozen layers)."""
+    extra = ["--context-memory", "frozen", "--dropout", "0.3"]
+    model, d = build(extra + (["--freeze-sentence-level"] if freeze else []),
+                     integration="decoder", double=False)
+    assert (model.encoder.memory_encoder is None) == freeze
+    mem_enc = model.encoder if freeze else model.encoder.memory_encoder
+    mem_dec = model.decoder if freeze else model.decoder.memory_decoder
+    data = corpus(d, [4, 3])
+    ni = collate(d, data, list(range(7)), "online", "decoder")["net_input"]
+    seen = []
+
+    def record(module, args):
+        if module.training or torch.is_grad_enabled():
+            seen.append((module.training, torch.is_grad_enabled()))
+
+    hooks = [mem_enc.layers[0].register_forward_pre_hook(record),
+             mem_dec.layers[-1].register_forward_pre_hook(record)]
+    model.train()
+    try:
+        memories = []
+        for _ in range(2):
+            enc = model.encoder(**enc_input(ni))
+            n = len(seen)
+            memories.append(model.decoder.memory_states(enc))
+            assert len(seen) == n  # the memory decoding: eval mode, no grad
+            assert not any(t.requires_grad for t in memories[-1])
+        enc_in_model = enc["mem_encoder_out"][0]
+        # only the query encodings (own layers, --freeze-sentence-level) train
+        assert seen == ([(True, True)] * 2 if freeze else [])
+    finally:
+        for h in hooks:
+            h.remove()
+    assert not enc_in_model.requires_grad
+    assert all(torch.equal(x, y) for x, y in zip(*memories))  # no dropout
+    out, _ = model(**ni)
+    out.sum().backward()
+    assert all(p.grad is None for n, p in model.named_parameters() if ".memory_" in n)
+    assert model.decoder.context_layer.context_attn.k_w_proj.weight.grad.abs().sum() > 0
+    assert model.training and mem_dec.training  # modes restored
+    if freeze:
+        return
+    # the frozen copies, not the model's own layers, give the memory
+    model.eval()
+    with torch.no_grad():
+        enc = model.encoder(**enc_input(ni))
+        before = model.decoder.memory_states(enc)
+        for p in list(model.decoder.layers.parameters()) + list(model.encoder.layers.parameters()):
+            p.add_(0.5)
+        enc = model.encoder(**enc_input(ni))
+        after = model.decoder.memory_states(enc)
+    assert all(torch.equal(x, y) for x, y in zip(before, after))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_clear_errors(toy_bin):
+    with pytest.raises(ValueError, match="--document-context online\\|offline --document-memory"):
+        task, cfg = setup_task(toy_bin, "--document-context", "online")
+        task.build_model(cfg.model)
+    with pytest.raises(ValueError, match="--document-memory"):
+        args = options.parse_args_and_arch(
+            options.get_training_parser(),
+            [toy_bin, "--task", "translation", "--arch", ARCH, *TINY_MODEL_ARGS,
+             "--source-lang", "src", "--target-lang", "tgt"])
+        cfg = convert_namespace_to_omegaconf(args)
+        tasks.setup_task(cfg.task).build_model(cfg.model)
+    with pytest.raises(ValueError, match="--context-integration decoder.*--target-context-size 1"):
+        task, cfg = setup_task(toy_bin, "--document-context", "online", "--document-memory",
+                               "--context-integration", "decoder")
+        task.build_model(cfg.model)
+    for opts, msg in ((["--decoder-layerdrop", "0.2"], "--decoder-layerdrop 0"),
+                      (["--decoder-output-dim", "16"], "--decoder-output-dim equal")):
+        with pytest.raises(ValueError, match=msg):
+            build(opts, integration="decoder")
+        build(opts)  # encoder integration does not read the decoder
+    # batches without the memory
+    model, d = build(double=False)
+    src = torch.tensor([[5, 6, d.eos()]])
+    with pytest.raises(ValueError, match="needs the document memory in each batch"):
+        model.encoder(src, torch.tensor([3]))
+    model, d = build(integration="decoder", double=False)
+    ni = collate(d, corpus(d, [3]), [0, 1, 2], "online", "encoder")["net_input"]
+    with pytest.raises(ValueError, match="target side of the document memory"):
+        model(**ni)
+
+
+# --------------------------------------------------------------------------- interactive
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_interactive_with_encoder_integration(cli_run, toy_bin, toy_corpus, tmp_path,
+                                              monkeypatch, batch_size):
+    """fairseq-interactive reads documents line by line; the task restores the
+    memory inputs: each sentence sees the previous ones of its document."""
+    ckpt, _ = cli_run("enc-online-sparse-soft")
+    src = open(os.path.join(toy_corpus, "test.src")).read().splitlines()
+    ids = open(os.path.join(toy_corpus, "test.docids")).read().splitlines()
+    doc1 = [s for s, i in zip(src, ids) if i == ids[0]][:3]
+    doc2 = [s for s, i in zip(src, ids) if i != ids[0]][:2]
+    inp = tmp_path / "input.txt"
+    inp.write_text("\n".join(doc1) + "\n\n" + "\n".join(doc2) + "\n")
+    d = Dictionary.load(os.path.join(toy_bin, "dict.src.txt"))
+    seen = {}
+    real = SelectiveDocEncoder.forward
+
+    def spy(self, src_tokens, src_lengths=None, *args, **kw):
+        mem = kw["mem_src_tokens"]
+        for b, row in enumerate(src_tokens):
+            visible = [d.string(m[m.ne(d.pad())]) for m, md, mp in
+                       zip(mem, kw["mem_doc"], kw["mem_pos"])
+                       if md == kw["query_doc"][b] and mp < kw["query_pos"][b]]
+            seen[d.string(row[row.ne(d.pad())])] = visible
+        return real(self, src_tokens, src_lengths, *args, **kw)
+
+    monkeypatch.setattr(SelectiveDocEncoder, "forward", spy)
+    out = interactive([toy_bin, "--path", ckpt, *_doc_args("online", "encoder"),
+                       "--source-lang", "src", "--target-lang", "tgt", "--beam", "2",
+                       "--max-len-b", "6", "--input", str(inp), "--buffer-size", "3",
+                       "--batch-size", str(batch_size)])
+    assert seen == {doc1[0]: [], doc1[1]: doc1[:1], doc1[2]: doc1[:2],
+                    doc2[0]: [], doc2[1]: doc2[:1]}
+    hyps = [line for line in out.splitlines() if line.startswith("H-")]
+    assert {int(h.split("\t")[0][2:]) for h in hyps} == {0, 1, 2, 4, 5}
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def test_presets_and_demo_hooks():
+    for arch, integration in ((ARCH, "encoder"), ("transformer_selective_doc_dec", "decoder")):
+        args = options.parse_args_and_arch(options.get_training_parser(),
+                                           ["/dev/null", "--arch", arch])
+        assert args.context_integration == integration
+        assert (args.doc_attention, args.sentence_attn, args.word_attn) == (
+            "hierarchical", "sparsemax", "softmax")
+        assert args.context_memory == "shared"
+        train_args = TransformerSelectiveDocModel.demo_train_args(arch)
+        assert "--document-memory" in train_args
+        assert ("--target-context-size" in train_args) == (integration == "decoder")
+    model, _ = build(double=False)
+    assert not model.uses_target_context
+    model, _ = build(integration="decoder", double=False)
+    assert model.uses_target_context
