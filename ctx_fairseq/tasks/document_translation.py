@@ -271,7 +271,8 @@ class DocumentTranslationTask(TranslationTask):
 
     @property
     def uses_context(self) -> bool:
-        return self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0
+        return (self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0
+                or bool(self.cfg.document_memory))
 
     def context_keys(self) -> List[str]:
         """The ``net_input`` keys this task's batches carry context in."""
