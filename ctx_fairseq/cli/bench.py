@@ -30,6 +30,19 @@ passes extra architecture options, e.g. ``transformer_dc[--dc-decoder-layers all
 A plugin model class may define ``bench_sample(task, args, batch_size,
 src_len, tgt_len, doc_len, device)`` to build its own training sample (e.g.
 with document context); the default is a sentence-level translation batch.
+
+Whole-document models (a class attribute ``bench_task_args``, e.g.
+``transformer_selective_doc``: ``--document-context online
+--document-memory``) run with the ``document_translation`` task, and their
+batch is made by the task's own dataset and batching (the one place context is
+built): synthetic documents of ``--doc-len`` sentences, batched within
+``--max-tokens`` with their document memory, and the batch measured is the largest
+batch of the first document (``--doc-batch largest``) or the one that holds
+its last sentence (``last``: the most memory). Such a
+batch can hold fewer sentences than the baseline's, so the report also gives
+sentences per second and peak memory per sentence of the batch;
+``ARCH[--memory-precomputed]`` and other task options pass through like model
+options.
 """
 
 import argparse
@@ -94,8 +107,11 @@ class Bench:
         a = self.args
         if arch not in ARCH_MODEL_REGISTRY:
             raise ValueError(f"--archs: unknown architecture {arch!r}")
+        model_cls = ARCH_MODEL_REGISTRY[arch]
+        doc_task = list(getattr(model_cls, "bench_task_args", []) or [])
+        task_name = "document_translation" if doc_task else "translation"
         argv = [
-            "bench-data", "--user-dir", USER_DIR, "--arch", arch, "--task", "translation",
+            "bench-data", "--user-dir", USER_DIR, "--arch", arch, "--task", task_name, *doc_task,
             "--encoder-layers", str(a.layers), "--decoder-layers", str(a.layers),
             "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
             "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
@@ -108,13 +124,54 @@ class Bench:
         dictionary = Dictionary()
         for i in range(a.vocab - dictionary.nspecial):
             dictionary.add_symbol(f"w{i}")
-        task = TranslationTask(TranslationConfig(), dictionary, dictionary)
-        model_cls = ARCH_MODEL_REGISTRY[arch]
+        if doc_task:
+            from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+            from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
+
+            task = DocumentTranslationTask(convert_namespace_to_omegaconf(margs).task,
+                                           dictionary, dictionary)
+        else:
+            task = TranslationTask(TranslationConfig(), dictionary, dictionary)
         model = model_cls.build_model(margs, task).to(self.device)
         return model, task, margs
 
+    def document_sample(self, task, seed: int) -> Dict:
+        """A batch of synthetic documents through the task's dataset and
+        batching (see the module docstring)."""
+        from fairseq import utils as fairseq_utils
+        from fairseq.data import LanguagePairDataset
+
+        a = self.args
+        d = task.target_dictionary
+        g = torch.Generator().manual_seed(seed)
+        n_docs = 1 + math.ceil(self.batch_size / a.doc_len)
+        n = n_docs * a.doc_len
+
+        def sents(length):
+            t = torch.randint(d.nspecial, len(d), (n, length), generator=g)
+            t[:, -1] = d.eos()
+            return list(t)
+
+        src, tgt = sents(a.src_len), sents(a.tgt_len)
+        base = LanguagePairDataset(src, torch.full((n,), a.src_len).numpy(), d, tgt,
+                                   torch.full((n,), a.tgt_len).numpy(), d, shuffle=False)
+        doc_ids = [f"d{i // a.doc_len}" for i in range(n)]
+        ds = task.wrap(base, doc_ids, "<bench documents>")
+        batches = ds.batch_by_size(ds.ordered_indices(), max_tokens=a.max_tokens)
+        first_doc = [b for b in batches if (b < a.doc_len).any()]
+        if a.doc_batch == "last":
+            batch = next(b for b in first_doc if a.doc_len - 1 in b.tolist())
+        else:
+            batch = max(first_doc, key=len)
+        sample = ds.collater([ds[int(i)] for i in batch])
+        return fairseq_utils.move_to_cuda(sample, self.device) if self.device.type == "cuda" \
+            else sample
+
     def sample(self, model, task, margs, seed: int) -> Dict:
         a = self.args
+        if getattr(type(model), "bench_task_args", None):
+            return self.document_sample(task, seed)
         hook = getattr(type(model), "bench_sample", None)
         if hook is not None:
             return hook(task, margs, self.batch_size, a.src_len, a.tgt_len, a.doc_len, self.device)
@@ -208,16 +265,20 @@ class Bench:
         ni = entry["sample"]["net_input"]
         n = min(a.infer_sentences, ni["src_tokens"].size(0))
         sample = {"net_input": {"src_tokens": ni["src_tokens"][:n], "src_lengths": ni["src_lengths"][:n]}}
+        memory = "mem_src_tokens" in ni
         for k, v in ni.items():  # document models may carry context inputs
-            if k not in ("src_tokens", "src_lengths", "prev_output_tokens"):
-                sample["net_input"][k] = v[:n] if torch.is_tensor(v) else v
+            if k in ("src_tokens", "src_lengths", "prev_output_tokens"):
+                continue
+            # per-sentence inputs follow the first n sentences; a document memory stays whole
+            per_sentence = not memory or k.startswith("query_")
+            sample["net_input"][k] = v[:n] if torch.is_tensor(v) and per_sentence else v
         if count_flops:
             from ctx_fairseq.flops import FlopCounter
 
             with FlopCounter() as counter, self._autocast():
                 gen.generate([model], sample)
             entry.setdefault("uncounted_ops", set()).update(counter.uncounted)
-            return float(counter.total)
+            return float(counter.total) / n  # per sentence
         self._sync()
         start = time.perf_counter()
         with self._autocast():
@@ -286,12 +347,18 @@ class Bench:
             results.append({
                 "arch": e["label"], "params": e["params"],
                 "train_tokens_per_s": train, "train_ratio": train / base_train,
-                "flops_ratio_bound": base["flops"] / e["flops"],
+                # per target token: a whole-document batch may hold fewer tokens than the
+                # baseline's
+                "flops_ratio_bound": (base["flops"] / base["sample"]["ntokens"])
+                / (e["flops"] / e["sample"]["ntokens"]),
                 "infer_sentences_per_s": None if math.isnan(infer) else infer,
                 "infer_ratio": None if math.isnan(infer) else infer / base_infer,
                 "infer_flops_ratio_bound": (base["infer_flops"] / e["infer_flops"]
                                             if "infer_flops" in e else None),
                 "peak_mem_mb": e["peak_mem_mb"],
+                "batch_sentences": int(e["sample"]["nsentences"]),
+                "train_sentences_per_s": train / e["sample"]["ntokens"] * e["sample"]["nsentences"],
+                "peak_mem_mb_per_sentence": e["peak_mem_mb"] / e["sample"]["nsentences"],
                 "train_flops": e["flops"], "train_tokens_per_s_repeats": e["train"],
                 "infer_sentences_per_s_repeats": e["infer"],
             })
@@ -310,6 +377,7 @@ class Bench:
             "max_tokens": a.max_tokens, "batch_size": self.batch_size, "doc_len": a.doc_len,
             "beam": a.beam, "infer_sentences": a.infer_sentences, "repeats": a.repeats,
             "train_steps": a.train_steps, "fp16": a.fp16,
+            "doc_batch": getattr(a, "doc_batch", "largest"),
         }
 
 
@@ -369,7 +437,12 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--tgt-len", type=int, default=30, help="target sentence length (30)")
     p.add_argument("--max-tokens", type=int, default=4096, help="target tokens per batch (4096)")
     p.add_argument("--doc-len", type=int, default=1,
-                   help="context sentences per sentence for document models (1)")
+                   help="context sentences per sentence for document models; sentences per "
+                        "document for whole-document models (1)")
+    p.add_argument("--doc-batch", choices=["largest", "last"], default="largest",
+                   help="whole-document models: measure the largest batch of the first "
+                        "document (throughput), or the one holding its last sentence (the "
+                        "most memory) (largest)")
     p.add_argument("--beam", type=int, default=5, help="beam size for inference (5)")
     p.add_argument("--infer-sentences", type=int, default=32,
                    help="sentences per beam-search run; 0 skips inference (32)")
