@@ -81,3 +81,23 @@ def test_unknown_arch(tmp_path, capsys):
     with pytest.raises(SystemExit):
         demo.cli_main(["--workdir", str(tmp_path), "--archs", "transformer,nope"])
     assert "unknown architecture(s) nope" in capsys.readouterr().err
+
+
+def test_demo_runs_the_selective_model_in_both_integrations(tiny_model, tmp_path, capsys):
+    """Decoder integration translates by two-pass iterative decoding (its
+    generate step is ctx-iterative-decode); both integrations are scored with
+    their document memory."""
+    work = str(tmp_path / "sel")
+    demo.cli_main(["--workdir", work, "--archs",
+                   "transformer_selective_doc,transformer_selective_doc_dec", *TINY])
+    out = capsys.readouterr().out
+    for arch in ("transformer_selective_doc", "transformer_selective_doc_dec"):
+        res = json.load(open(os.path.join(work, "results", f"{arch}.json")))
+        assert res["sentences"] > 0
+        assert res["contrastive"]["overall"]["n"] > 0
+        assert arch in out
+    steps = open(os.path.join(work, "logs", "generate-transformer_selective_doc_dec.log"),
+                 errors="replace").read() if os.path.exists(
+        os.path.join(work, "logs", "generate-transformer_selective_doc_dec.log")) else ""
+    assert os.path.exists(os.path.join(work, "generate", "transformer_selective_doc_dec",
+                                       "generate-pass2.txt")), steps[-2000:]
