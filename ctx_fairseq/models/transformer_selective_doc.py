@@ -31,18 +31,59 @@ Memory (``--context-memory``):
   sentence-level NMT model"): the same computation by a frozen copy of the
   sentence-level model (``memory_encoder`` / ``memory_decoder``, taken when
   the model is built, i.e. from ``--init-from-sentence-checkpoint`` in stage
-  2, never trained, saved in the checkpoint), under ``torch.no_grad``; with
-  ``--freeze-sentence-level`` the model's own layers are that model and no
-  copy is made. Computed per batch (no activations kept); not cached across
-  batches (a document split into several batches is re-encoded for each).
-  Trade-off: ``frozen`` needs no backward through the memory (less memory
-  and time per step, the paper's setting, stable keys); ``shared`` adapts
-  the memory to the document model at the cost of a backward through it.
+  2, never trained, saved in the checkpoint), under ``torch.no_grad`` in eval
+  mode; with ``--freeze-sentence-level`` the model's own layers are that
+  model and no copy is made. Trade-off: ``frozen`` needs no backward through
+  the memory (less memory and time per step, the paper's setting, stable
+  keys); ``shared`` adapts the memory to the document model at the cost of a
+  backward through it.
+
+Frozen memory cache (the paper stores the frozen model's keys and values):
+the states of a sentence under the frozen model depend only on its tokens,
+so the model keeps them in a content-addressed LRU cache
+(:class:`ctx_fairseq.modules.sentence_cache.SentenceStateCache`,
+``model.memory_cache``, shared by the encoder and the decoder): the encoder
+memory states keyed on the source tokens (encoder integration's memory; for
+decoder integration the memory sources the frozen decoder attends to), and,
+for decoder integration, the decoder memory keys and values keyed on the
+source and the target tokens. A sentence is encoded once, whatever its
+batch, document (identical sentences share one entry) or position; a long
+document cut into many chunks does not re-encode its memory for each. On a
+miss the frozen model runs without gradients in eval mode on the missing
+sentences only, sorted by length, in chunks of ``MEMORY_CHUNK_TOKENS``
+padded tokens; entries hold the real tokens' states, in float16 on the CPU
+(a 512-dimensional state of a 25-token sentence: 25 KB; decoder
+integration stores three such tensors per sentence: source states, keys,
+values); each batch's memory is assembled from them into the padded
+``S x W x C`` tensors on the model's device and dtype (padding positions 0,
+masked as before). ``--memory-cache-sentences N`` (default 100000) bounds the
+number of entries (one per distinct source, plus one per distinct
+source-target pair with decoder integration), least recently used out; 0: no
+cache (the memory is computed per batch, in chunks). The cache is not a
+module or buffer: never saved in a checkpoint, and a ``copy.deepcopy`` of
+the model starts with an empty one. It is emptied when weights are loaded
+(``load_state_dict``, i.e. a checkpoint restored) or the frozen copies are
+(re)made, and whenever the frozen weights are no longer those it was filled
+with (moved, cast or changed in place; checked per batch by storage and
+version counters). ``set_memory_cache(SentenceStateCache(n, dtype=None))``
+keeps states in the model's precision (the tests use it to compare with the
+uncached computation).
+
+With the task's ``--memory-precomputed`` (which requires ``--context-memory
+frozen``; checked in :meth:`TransformerSelectiveDocModel.build_model`),
+batches count only their own sentences in ``--max-tokens``: what is encoded
+with gradients stays bounded by it, and cache misses add forward-only work
+(no activations kept), in chunks, once per sentence while it stays cached
+(the context layer's trainable projection of the assembled memory stays
+linear in the visible document). ``--context-memory frozen`` without
+``--memory-precomputed`` still counts the memory in the batch, as a shared
+memory is counted.
 
 What does not fit: the batch must hold what its sentences can see (the
 task's batching counts the memory in ``--max-tokens`` and cuts documents
 into chunks that carry the memory they need); a sentence whose visible
-document alone exceeds ``--max-tokens`` is an error there.
+document alone exceeds ``--max-tokens`` is an error there (not with
+``--memory-precomputed``, where the memory is not counted).
 
 Choices where the paper is silent:
 
@@ -96,6 +137,12 @@ from torch import Tensor
 
 from ctx_fairseq.models._fairseq_utils import load_sentence_checkpoint, to_namespace, wrap_layer
 from ctx_fairseq.modules.selective_attention import DocumentContextLayer
+from ctx_fairseq.modules.sentence_cache import (
+    SentenceStateCache,
+    assemble,
+    row_keys,
+    weights_signature,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +153,10 @@ MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "m
                "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask")
 #: follow the beam (one row per query sentence); every other key is per document
 QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
+#: frozen memory: padded tokens per no-grad forward of the frozen model
+MEMORY_CHUNK_TOKENS = 8192
+#: frozen memory: default number of cache entries (``--memory-cache-sentences``)
+MEMORY_CACHE_SENTENCES = 100_000
 
 
 def _context_layer(args, embed_dim: int, heads: int, ffn: int) -> DocumentContextLayer:
@@ -129,6 +180,25 @@ def _align(states: Tensor, width: int, left_pad: bool) -> Tensor:
         return states
     pad = states.new_zeros(extra, states.size(1), states.size(2))
     return torch.cat([pad, states], 0) if left_pad else torch.cat([states, pad], 0)
+
+
+def _trim(tokens: Tensor, real: Tensor) -> Tuple[Tensor, Tensor]:
+    """Drop the columns that are padding in every row (padding is on one side)."""
+    cols = real.any(0)
+    return tokens[:, cols], real[:, cols]
+
+
+def _row_chunks(n: int, width: int, chunk_tokens: int) -> List[Tuple[int, int]]:
+    rows = max(1, chunk_tokens // max(1, width))
+    return [(a, min(n, a + rows)) for a in range(0, n, rows)]
+
+
+def _sentence_level_weights(module, own: bool):
+    """The parameters a frozen memory is computed with: a frozen copy's, or
+    (``own``: ``--freeze-sentence-level``) the part's own sentence-level ones."""
+    for name, p in module.named_parameters():
+        if not own or not (name.startswith("context_layer.") or name.startswith("memory_")):
+            yield p
 
 
 def _detached(info: Dict[str, Tensor]) -> Dict[str, Tensor]:
@@ -167,6 +237,9 @@ class SelectiveDocEncoder(TransformerEncoderBase):
                                                 cfg.encoder.attention_heads,
                                                 cfg.encoder.ffn_embed_dim)
         self.memory_encoder: Optional[TransformerEncoderBase] = None  # frozen copy
+        #: frozen memory: the model's cache (not a module: never in the state dict)
+        self.memory_cache: Optional[SentenceStateCache] = None
+        self.memory_chunk_tokens = MEMORY_CHUNK_TOKENS
         self.record_stats = False
         self.last_info: Optional[Dict[str, Tensor]] = None
 
@@ -182,10 +255,7 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         if mem.size(0) == 0:  # no memory sentence (online: only first sentences); nothing to run
             return enc_q.new_zeros(mem.size(1), 0, enc_q.size(2)), mem
         if self.args.context_memory == "frozen":
-            enc = self.memory_encoder if self.memory_encoder is not None else self
-            with torch.no_grad(), _EvalMode(enc):
-                states = TransformerEncoderBase.forward_scriptable(enc, mem, lengths)
-            return states["encoder_out"][0].detach(), mem
+            return self.frozen_memory_states(mem, lengths, enc_q), mem
         left = bool(self.args.left_pad_source)
         row = doc["query_mem_row"]
         S = mem.size(0)
@@ -203,6 +273,41 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         states = torch.cat(parts, 1).index_select(1, source)
         padding = (width - mem.size(1), 0) if left else (0, width - mem.size(1))
         return states, F.pad(mem, padding, value=self.padding_idx)
+
+    def frozen_memory_states(self, mem: Tensor, lengths: Tensor, like: Tensor) -> Tensor:
+        """``--context-memory frozen``: the memory sentences' last-layer
+        states (``W x S x C``, ``like``'s dtype) under the frozen sentence-level
+        encoder, in eval mode, without gradients. Read from the cache (keyed on
+        the source tokens) when the model has one, the misses computed in
+        chunks (:meth:`_encode_frozen`); without a cache all are computed in
+        chunks."""
+        enc = self.memory_encoder if self.memory_encoder is not None else self
+        real = mem.ne(self.padding_idx)
+        cache = self.memory_cache
+        with torch.no_grad(), _EvalMode(enc):
+            if cache is None:
+                parts = [TransformerEncoderBase.forward_scriptable(
+                    enc, mem[a:b], lengths[a:b])["encoder_out"][0]
+                    for a, b in _row_chunks(mem.size(0), mem.size(1), self.memory_chunk_tokens)]
+                return torch.cat(parts, 1).to(like.dtype).detach()
+            cache.validate("encoder", weights_signature(
+                _sentence_level_weights(enc, own=enc is self)))
+            entries = cache.fetch(row_keys(mem, self.padding_idx, tag="src"),
+                                  real.sum(1).tolist(),
+                                  lambda idx: self._encode_frozen(enc, mem, lengths, real, idx),
+                                  self.memory_chunk_tokens)
+            (states,) = assemble(entries, real, like.dtype)
+        return states.transpose(0, 1)
+
+    @staticmethod
+    def _encode_frozen(enc, mem: Tensor, lengths: Tensor, real: Tensor,
+                       idx: Tensor) -> Tuple[Tensor]:
+        """Cache misses: the states of memory rows ``idx`` at their real
+        tokens (``sum x C``), the rows trimmed to their longest."""
+        idx = idx.to(mem.device)
+        tokens, rows = _trim(mem.index_select(0, idx), real.index_select(0, idx))
+        out = TransformerEncoderBase.forward_scriptable(enc, tokens, lengths.index_select(0, idx))
+        return (out["encoder_out"][0].transpose(0, 1)[rows],)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
@@ -289,6 +394,9 @@ class SelectiveDocDecoder(TransformerDecoderBase):
                                                 cfg.decoder.attention_heads,
                                                 cfg.decoder.ffn_embed_dim)
         self.memory_decoder: Optional[TransformerDecoderBase] = None  # frozen copy
+        #: frozen memory: the model's cache (not a module: never in the state dict)
+        self.memory_cache: Optional[SentenceStateCache] = None
+        self.memory_chunk_tokens = MEMORY_CHUNK_TOKENS
         self.record_stats = False
         self.last_info: Optional[Dict[str, Tensor]] = None
 
@@ -342,15 +450,66 @@ class SelectiveDocDecoder(TransformerDecoderBase):
             return empty, empty, _real_words(prev, self.dictionary)
         mem_enc = {"encoder_out": encoder_out["mem_encoder_out"],
                    "encoder_padding_mask": encoder_out["mem_encoder_padding_mask"]}
-        frozen = self.args.context_memory == "frozen"
-        dec = self.memory_decoder if (frozen and self.memory_decoder is not None) else self
-        if frozen:
-            with torch.no_grad(), _EvalMode(dec):
-                x, _, keys = self._features_and_source_attention(dec, prev, mem_enc)
-            x, keys = x.detach(), keys.detach()
-        else:
-            x, _, keys = self._features_and_source_attention(dec, prev, mem_enc)
+        if self.args.context_memory == "frozen":
+            keys, values = self.frozen_memory_states(encoder_out, prev, mem_enc)
+            return keys, values, _real_words(prev, self.dictionary)
+        x, _, keys = self._features_and_source_attention(self, prev, mem_enc)
         return keys.transpose(0, 1), x, _real_words(prev, self.dictionary)
+
+    def frozen_memory_states(self, encoder_out: Dict[str, List[Tensor]], prev: Tensor,
+                             mem_enc: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor]:
+        """``--context-memory frozen``: keys and values (``S x L x C``) of the
+        memory's targets under the frozen sentence-level decoder (eval mode, no
+        gradients), decoded on the memory sources' frozen encoder states
+        (``mem_enc``). Read from the cache (keyed on the source and the target
+        tokens) when the model has one, the misses computed in chunks
+        (:meth:`_decode_frozen`); without a cache all are computed in chunks."""
+        dec = self.memory_decoder if self.memory_decoder is not None else self
+        real = prev.ne(self.padding_idx)
+        enc_states = mem_enc["encoder_out"][0]
+        src_pad = mem_enc["encoder_padding_mask"][0]
+        cache = self.memory_cache
+        with torch.no_grad(), _EvalMode(dec):
+            if cache is None:
+                keys, values = [], []
+                for a, b in _row_chunks(prev.size(0), max(prev.size(1), enc_states.size(0)),
+                                        self.memory_chunk_tokens):
+                    x, _, k = self._features_and_source_attention(
+                        dec, prev[a:b], {"encoder_out": [enc_states[:, a:b]],
+                                         "encoder_padding_mask": [src_pad[a:b]]})
+                    keys.append(k.transpose(0, 1))
+                    values.append(x)
+                return torch.cat(keys, 0).detach(), torch.cat(values, 0).detach()
+            # (the encoder's validation empties everything: these depend on it too)
+            cache.validate("decoder", weights_signature(
+                _sentence_level_weights(dec, own=dec is self)), tags=("tgt",))
+            # the key: the source tokens (where the encoder states are not padding)
+            # and the target tokens
+            src = encoder_out["mem_src_tokens"][0]
+            if src.shape != src_pad.shape:
+                raise RuntimeError("frozen memory: mem_src_tokens do not match the memory's "
+                                   "encoder states")
+            keys = [("tgt",) + s + t for s, t in zip(row_keys(src.masked_fill(src_pad, -1), -1),
+                                                      row_keys(prev, self.padding_idx))]
+            entries = cache.fetch(
+                keys, real.sum(1).tolist(),
+                lambda idx: self._decode_frozen(dec, prev, real, enc_states, src_pad, idx),
+                self.memory_chunk_tokens)
+            return assemble(entries, real, enc_states.dtype)
+
+    @classmethod
+    def _decode_frozen(cls, dec, prev: Tensor, real: Tensor, enc_states: Tensor,
+                       src_pad: Tensor, idx: Tensor) -> Tuple[Tensor, Tensor]:
+        """Cache misses: keys and values of memory rows ``idx`` at their real
+        target positions (``sum x C`` each), rows trimmed to their longest."""
+        idx = idx.to(prev.device)
+        tokens, rows = _trim(prev.index_select(0, idx), real.index_select(0, idx))
+        src_real = ~src_pad.index_select(0, idx)
+        cols = src_real.any(0)
+        mem_enc = {"encoder_out": [enc_states.index_select(1, idx)[cols]],
+                   "encoder_padding_mask": [~src_real[:, cols]]}
+        x, _, keys = cls._features_and_source_attention(dec, tokens, mem_enc)
+        return keys.transpose(0, 1)[rows], x[rows]
 
     def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                          incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
@@ -389,6 +548,9 @@ class TransformerSelectiveDocModel(TransformerModel):
     the module docstring. Use with ``--task document_translation
     --document-context online|offline --document-memory`` (decoder
     integration: also ``--target-context-size 1``)."""
+
+    #: ctx-demo trains and compares both integrations by default
+    demo_archs = ["transformer_selective_doc", "transformer_selective_doc_dec"]
 
     @property
     def uses_target_context(self) -> bool:
@@ -457,6 +619,12 @@ class TransformerSelectiveDocModel(TransformerModel):
         parser.add_argument("--context-memory", choices=["shared", "frozen"],
                             help="memory from this model with gradients (shared) or from the "
                                  "frozen stage-1 model (frozen, the paper's)")
+        parser.add_argument("--memory-cache-sentences", type=int, metavar="N",
+                            help="--context-memory frozen: keep the frozen model's states of "
+                                 "up to N memory sentences (entries; least recently used out) "
+                                 "in a cache on the CPU in float16, so that a sentence is "
+                                 "encoded once, not in every batch; 0: no cache (default "
+                                 f"{MEMORY_CACHE_SENTENCES})")
         parser.add_argument("--dense-doc-attention", action="store_true",
                             help="word attention over every sentence (the reference path) "
                                  "instead of the sentence-sparsemax support only")
@@ -477,6 +645,16 @@ class TransformerSelectiveDocModel(TransformerModel):
             raise ValueError("transformer_selective_doc needs --task document_translation "
                              "--document-context online|offline --document-memory")
         args.document_context_mode = str(mode) if mode is not None else "online"
+        if tcfg is not None and bool(getattr(tcfg, "memory_precomputed", False)):
+            if args.context_memory != "frozen":
+                raise ValueError(
+                    "--memory-precomputed (--max-tokens counts only the batch's own sentences, "
+                    "not its document memory) needs --context-memory frozen: a shared memory "
+                    "is encoded with gradients in every batch, and --max-tokens would not bound "
+                    "it. Use --context-memory frozen or drop --memory-precomputed")
+            if int(args.memory_cache_sentences) <= 0:
+                logger.warning("--memory-precomputed with --memory-cache-sentences 0: every "
+                               "batch encodes its whole document memory (without gradients)")
         args.left_pad_source = bool(getattr(tcfg, "left_pad_source", True))
         if args.context_integration == "decoder" and tcfg is not None and \
                 int(getattr(tcfg, "target_context_size", 0)) <= 0:
@@ -508,6 +686,33 @@ class TransformerSelectiveDocModel(TransformerModel):
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
         self.args = args
+        self.memory_cache: Optional[SentenceStateCache] = None
+        size = int(getattr(args, "memory_cache_sentences", MEMORY_CACHE_SENTENCES))
+        if args.context_memory == "frozen" and size > 0:
+            self.set_memory_cache(SentenceStateCache(size))
+
+    # ------------------------------------------------------------ frozen memory cache
+    def set_memory_cache(self, cache: Optional[SentenceStateCache]) -> None:
+        """Use ``cache`` (or none) for the frozen memory, e.g.
+        ``SentenceStateCache(n, dtype=None)`` to keep states in the model's
+        precision. A plain attribute of the model, its encoder and its decoder,
+        not a module or buffer: never in the state dict."""
+        self.memory_cache = cache
+        self.encoder.memory_cache = cache
+        self.decoder.memory_cache = cache
+
+    def clear_memory_cache(self) -> None:
+        if self.memory_cache is not None:
+            self.memory_cache.clear()
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's, and the frozen memory cache is emptied (new weights)."""
+        self.clear_memory_cache()
+        try:
+            return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg,
+                                           args=args)
+        finally:
+            self.clear_memory_cache()
 
     # ------------------------------------------------------------- two stages
     def sentence_level_parameters(self):
@@ -530,6 +735,7 @@ class TransformerSelectiveDocModel(TransformerModel):
             load_sentence_checkpoint(self, init_path)
         if frozen and not self.args.freeze_sentence_level:
             self._make_frozen_copies()
+        self.clear_memory_cache()
         if self.args.freeze_sentence_level:
             for _, p in self.sentence_level_parameters():
                 p.requires_grad_(False)
@@ -540,19 +746,20 @@ class TransformerSelectiveDocModel(TransformerModel):
     @staticmethod
     def _frozen_copy(part, layer_attr: str, copy_attr: str):
         """A frozen deep copy of ``part`` (encoder or decoder) without its
-        context layer or frozen copy. fairseq keys incremental state by an id
+        context layer, frozen copy or memory cache. fairseq keys incremental state by an id
         each module draws when built, and ``deepcopy`` copies it: the copy's
         attention modules would share the decoder's buffers, and beam search
         (``reorder_incremental_state_scripting`` visits every submodule) would
         reorder them twice. The copy's modules get fresh ids."""
-        saved = getattr(part, layer_attr), getattr(part, copy_attr)
-        setattr(part, layer_attr, None)
-        setattr(part, copy_attr, None)
+        attrs = (layer_attr, copy_attr, "memory_cache")
+        saved = [getattr(part, a) for a in attrs]
+        for a in attrs:
+            setattr(part, a, None)
         try:
             frozen = copy.deepcopy(part)
         finally:
-            setattr(part, layer_attr, saved[0])
-            setattr(part, copy_attr, saved[1])
+            for a, v in zip(attrs, saved):
+                setattr(part, a, v)
         for module in frozen.modules():
             if hasattr(module, "init_incremental_state"):
                 module.init_incremental_state()
@@ -562,7 +769,9 @@ class TransformerSelectiveDocModel(TransformerModel):
 
     def _make_frozen_copies(self) -> None:
         """Frozen copies of the sentence-level encoder (and decoder, for
-        decoder integration) as they are now, for ``--context-memory frozen``."""
+        decoder integration) as they are now, for ``--context-memory frozen``;
+        the memory cache is emptied."""
+        self.clear_memory_cache()
         self.encoder.memory_encoder = self._frozen_copy(self.encoder, "context_layer",
                                                         "memory_encoder")
         if self.args.context_integration == "decoder":
@@ -599,6 +808,7 @@ def selective_doc_base_architecture(args):
     _default(args, "word_attn", "softmax")
     _default(args, "context_integration", "encoder")
     _default(args, "context_memory", "shared")
+    _default(args, "memory_cache_sentences", MEMORY_CACHE_SENTENCES)
     _default(args, "dense_doc_attention", False)
     _default(args, "freeze_sentence_level", False)
     _default(args, "init_from_sentence_checkpoint", None)

@@ -14,76 +14,160 @@ encoded with gradients (``--memory-precomputed`` in the task).
 
 Entries are kept on the CPU in half precision by default (a 512-dimensional
 state of a 25-token sentence is 25 KB), least recently used first out when
-``max_sentences`` is reached. The cache is not saved with checkpoints and is
-emptied when the frozen weights are (re)loaded.
+``max_sentences`` is reached. The cache is not saved with checkpoints (nor
+copied by ``copy.deepcopy`` or pickled: a copy starts empty) and is emptied
+when the frozen weights are (re)loaded; :meth:`SentenceStateCache.validate`
+also empties it when the weights it was filled with have changed (new
+storage, dtype or device, or an in-place update).
 """
 
 from collections import OrderedDict
-from typing import Callable, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["SentenceStateCache", "row_keys"]
+__all__ = ["SentenceStateCache", "row_keys", "assemble", "weights_signature"]
 
 
-def row_keys(tokens: Tensor, pad: int, *others: Tensor) -> List[Hashable]:
+def row_keys(tokens: Tensor, pad: int, *others: Tensor, tag: Optional[str] = None
+             ) -> List[Hashable]:
     """One key per row: the row's non-padding tokens (with those of the same
-    row of ``others``)."""
-    rows = [tokens] + list(others)
-    lists = [[r[r.ne(pad)].tolist() for r in t.cpu()] for t in rows]
-    return [tuple(tuple(lst[i]) for lst in lists) for i in range(tokens.size(0))]
+    row of ``others``), prefixed by ``tag`` when given (so that entries of
+    different kinds never share a key)."""
+    lists = [[tuple(x for x in row if x != pad) for row in t.tolist()]
+             for t in (tokens,) + others]
+    prefix = (tag,) if tag is not None else ()
+    return [prefix + tuple(lst[i] for lst in lists) for i in range(tokens.size(0))]
+
+
+def weights_signature(params) -> Tuple:
+    """What identifies the values of ``params`` (an iterable of tensors):
+    their storage, dtype and in-place version counters. It changes when the
+    weights are loaded (``copy_``), moved or cast, or updated in place."""
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+
+
+def assemble(entries: Sequence[Tuple[Tensor, ...]], mask: Tensor, dtype: torch.dtype
+             ) -> Tuple[Tensor, ...]:
+    """The padded ``S x W x C`` tensors (on ``mask``'s device, in ``dtype``)
+    of ``S`` entries: entry ``i``'s rows fill the positions where ``mask[i]``
+    (``S x W``) is true, in order; the other positions are 0. One transfer
+    per kind of state."""
+    S, W = mask.shape
+    out = []
+    for k in range(len(entries[0])):
+        flat = torch.cat([e[k] for e in entries], 0) if len(entries) > 1 else entries[0][k]
+        flat = flat.to(mask.device).to(dtype)
+        full = flat.new_zeros(S, W, flat.size(-1))
+        full[mask] = flat
+        out.append(full)
+    return tuple(out)
 
 
 class SentenceStateCache:
     """``key -> tuple of tensors (length x C)`` with LRU eviction.
 
     :meth:`fetch` returns the states of every requested key, computing the
-    missing ones with ``compute(indices) -> tuple of (N x L x C) tensors``
-    (``indices`` into the request) in chunks of at most ``chunk`` rows."""
+    missing ones (each distinct key once) with ``compute``, in chunks of at
+    most ``chunk_tokens`` padded tokens (sentences sorted by length).
 
-    def __init__(self, max_sentences: int = 100_000, dtype: torch.dtype = torch.float16,
-                 device: str = "cpu"):
+    ``dtype`` / ``device``: how entries are stored (``None``: as computed).
+    ``max_sentences``: the number of entries kept (0: none; :meth:`fetch`
+    then computes everything and keeps nothing)."""
+
+    def __init__(self, max_sentences: int = 100_000,
+                 dtype: Optional[torch.dtype] = torch.float16,
+                 device: Optional[str] = "cpu", chunk_tokens: int = 8192):
         self.max_sentences = int(max_sentences)
-        self.dtype, self.device = dtype, torch.device(device)
+        self.dtype = dtype
+        self.device = torch.device(device) if device is not None else None
+        self.chunk_tokens = int(chunk_tokens)
         self.store: "OrderedDict[Hashable, Tuple[Tensor, ...]]" = OrderedDict()
+        self.signatures: Dict[str, Tuple] = {}
         self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self.store)
 
+    def __repr__(self) -> str:
+        return (f"SentenceStateCache({len(self)}/{self.max_sentences} entries, dtype={self.dtype}, "
+                f"device={self.device}, hits={self.hits}, misses={self.misses})")
+
+    def __getstate__(self):
+        """Copies (``copy.deepcopy``, pickle) start empty: the states belong
+        to the weights they were computed with, not to a copy that may change."""
+        state = dict(self.__dict__)
+        state["store"], state["signatures"] = OrderedDict(), {}
+        state["hits"] = state["misses"] = 0
+        return state
+
     def clear(self) -> None:
         self.store.clear()
+        self.signatures.clear()
 
-    def fetch(self, keys: Sequence[Hashable], lengths: Sequence[int], positions: Sequence[Tensor],
-              compute: Callable[[Tensor], Tuple[Tensor, ...]], chunk: int = 64
-              ) -> List[Tuple[Tensor, ...]]:
-        """States of each key (each a tuple of ``length x C`` tensors).
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for e in self.store.values() for t in e)
 
-        ``positions[i]`` are the row positions (within the padded row that
-        ``compute`` returns) that hold sentence ``i``'s states, so that
-        padding is left out of what is stored."""
+    def validate(self, name: str, signature: Hashable,
+                 tags: Optional[Sequence[Hashable]] = None) -> None:
+        """Empty the cache (or only the entries whose key starts with one of
+        ``tags``: those computed with these weights) if the weights called
+        ``name`` changed since the last call (see :func:`weights_signature`)."""
+        if self.signatures.get(name, signature) != signature:
+            if tags is None:
+                self.clear()
+            else:
+                for k in [k for k in self.store if k[0] in tags]:
+                    del self.store[k]
+        self.signatures[name] = signature
+
+    def _store(self, t: Tensor) -> Tensor:
+        if self.device is not None or self.dtype is not None:
+            t = t.to(device=self.device or t.device, dtype=self.dtype or t.dtype)
+        return t
+
+    def fetch(self, keys: Sequence[Hashable], lengths: Sequence[int],
+              compute: Callable[[Tensor], Tuple[Tensor, ...]],
+              chunk_tokens: Optional[int] = None) -> List[Tuple[Tensor, ...]]:
+        """States of each key (each a tuple of ``lengths[i] x C`` tensors).
+
+        ``compute(indices)`` (``indices`` into the request, a LongTensor)
+        returns a tuple of tensors ``sum(lengths[indices]) x C``: the states
+        of those rows, padding left out, concatenated in the order of
+        ``indices``. It runs under ``torch.no_grad``."""
         out: List[Optional[Tuple[Tensor, ...]]] = [None] * len(keys)
-        missing = []
+        first: Dict[Hashable, int] = {}  # missing key -> first index requesting it
         for i, k in enumerate(keys):
             hit = self.store.get(k) if self.max_sentences > 0 else None
             if hit is not None:
                 self.store.move_to_end(k)
                 out[i] = hit
                 self.hits += 1
+            elif k in first:
+                self.hits += 1  # computed once for the first row asking for it
             else:
-                missing.append(i)
+                first[k] = i
+        missing = sorted(first.values(), key=lambda i: -int(lengths[i]))
         self.misses += len(missing)
-        for start in range(0, len(missing), chunk):
-            idx = missing[start:start + chunk]
+        budget = int(chunk_tokens or self.chunk_tokens)
+        start = 0
+        while start < len(missing):
+            rows = max(1, budget // max(1, int(lengths[missing[start]])))
+            idx = missing[start:start + rows]
+            start += len(idx)
             with torch.no_grad():
                 states = compute(torch.tensor(idx, dtype=torch.long))
+                sizes = [int(lengths[i]) for i in idx]
+                parts = [self._store(s).split(sizes, 0) for s in states]
             for j, i in enumerate(idx):
-                entry = tuple(s[j].index_select(0, positions[i].to(s.device))
-                              .to(self.device, self.dtype) for s in states)
+                entry = tuple(p[j].clone() for p in parts)
                 out[i] = entry
                 if self.max_sentences > 0:
                     self.store[keys[i]] = entry
                     if len(self.store) > self.max_sentences:
                         self.store.popitem(last=False)
+        for i, k in enumerate(keys):
+            if out[i] is None:
+                out[i] = out[first[k]]
         return out  # type: ignore[return-value]
