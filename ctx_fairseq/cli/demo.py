@@ -20,7 +20,9 @@ decoding; None for the default) and ``demo_contrastive`` (a function
 ``(checkpoint, data_dir, jsonl) -> result``) to take part in the demo;
 sentence-level models need none of them. ``demo_archs`` lists the
 architectures a model adds to the default ``--archs`` (default: the one named
-like the model).
+like the model); ``demo_stage1`` names a sentence-level architecture to train
+first and initialise the model from (``--init-from-sentence-checkpoint``, the
+papers' two-stage training; shared with that architecture's own row).
 """
 
 import argparse
@@ -57,6 +59,7 @@ class Demo:
         self.step_no = 0
         self.total_steps = 2 + 3 * len(args.archs)
         self.t0 = time.time()
+        self._trained: Dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ steps
     def say(self, msg: str) -> None:
@@ -145,15 +148,26 @@ class Demo:
             results[arch] = self.run_arch(arch, binned, raw, data_key)
         return results
 
-    def run_arch(self, arch: str, binned: str, raw: str, data_key: str) -> Dict:
+    def train(self, arch: str, binned: str, data_key: str):
+        """Train ``arch`` (once per run; a model class's ``demo_stage1`` names
+        the sentence-level architecture it is initialised from, trained
+        first: the papers' two-stage training). Returns (checkpoint, step key)."""
+        if arch in self._trained:
+            return self._trained[arch]
         a = self.args
         py = sys.executable
         cls = _model_class(arch)
+        depends, init = [data_key], []
+        stage1 = getattr(cls, "demo_stage1", None)
+        if stage1:
+            s1_ckpt, s1_key = self.train(stage1, binned, data_key)
+            depends.append(s1_key)
+            init = ["--init-from-sentence-checkpoint", s1_ckpt]
         ckpt_dir = os.path.join(self.work, "checkpoints", arch)
         ckpt = os.path.join(ckpt_dir, "checkpoint_last.pt")
         train_cmd = [
             py, "-m", "fairseq_cli.train", binned, "--user-dir", USER_DIR, "--arch", arch,
-            *DEMO_MODEL_ARGS, *_hook_args(cls, "demo_train_args", arch),
+            *DEMO_MODEL_ARGS, *_hook_args(cls, "demo_train_args", arch), *init,
             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3",
             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -161,8 +175,16 @@ class Demo:
             "--save-dir", ckpt_dir, "--no-epoch-checkpoints", "--disable-validation",
             "--no-progress-bar", "--log-interval", "25", "--num-workers", "0",
         ]
-        train_key = self.run_step(f"train-{arch}", f"train {arch}", train_cmd, [ckpt],
-                                  progress_total=a.max_update, depends=[data_key])
+        key = self.run_step(f"train-{arch}", f"train {arch}" + (f" (from {stage1})" if stage1
+                                                                  else ""),
+                            train_cmd, [ckpt], progress_total=a.max_update, depends=depends)
+        self._trained[arch] = (ckpt, key)
+        return ckpt, key
+
+    def run_arch(self, arch: str, binned: str, raw: str, data_key: str) -> Dict:
+        py = sys.executable
+        cls = _model_class(arch)
+        ckpt, train_key = self.train(arch, binned, data_key)
         gen = os.path.join(self.work, "generate", f"{arch}.txt")
         os.makedirs(os.path.dirname(gen), exist_ok=True)
         gen_cmd = [

@@ -551,6 +551,10 @@ class TransformerSelectiveDocModel(TransformerModel):
 
     #: ctx-demo trains and compares both integrations by default
     demo_archs = ["transformer_selective_doc", "transformer_selective_doc_dec"]
+    #: ctx-demo: stage 1 is the sentence-level transformer (two-stage training, Sec. 2.2)
+    demo_stage1 = "transformer"
+    #: ctx-bench: whole-document batches through the document task (see ctx_fairseq.cli.bench)
+    bench_task_args = ["--document-context", "online", "--document-memory"]
 
     @property
     def uses_target_context(self) -> bool:
