@@ -139,3 +139,10 @@ class FlopCounter:
     @property
     def total(self) -> int:
         return self.mode.get_total_flops()
+
+
+def counted_op_names() -> Set[str]:
+    """Profiler names (``aten::mm``, ...) of the ops :class:`FlopCounter` counts."""
+    registry = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOP_FORMULAS).flop_registry
+    return {"aten::" + str(op).split(".", 1)[1] for op in registry
+            if isinstance(op, torch._ops.OpOverloadPacket) and str(op).startswith("aten.")}

@@ -33,6 +33,8 @@ def test_baseline_against_itself(capsys):
     assert b["train_tokens_per_s"] > 0 and b["infer_sentences_per_s"] > 0
     assert b["peak_mem_mb"] == pytest.approx(a["peak_mem_mb"], rel=0.2)
     assert b["train_ratio"] == pytest.approx(b["train_tokens_per_s"] / a["train_tokens_per_s"])
+    # CPU: the profiled step's wall time and the time of the ops whose FLOPs are counted
+    assert 0 < b["train_counted_ops_s"] < b["train_profiled_step_s"]
 
 
 def test_options_pass_through_change_the_model(capsys):

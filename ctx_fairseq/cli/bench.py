@@ -90,6 +90,16 @@ def parse_spec(spec: str) -> Tuple[str, List[str]]:
     return m.group(1), shlex.split(m.group(2) or "")
 
 
+def _inside(event, names) -> bool:
+    """Whether a profiler event runs inside an event named in ``names``."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name in names:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -236,6 +246,8 @@ class Bench:
             return torch.cuda.max_memory_allocated() / 2 ** 20
         from torch.profiler import ProfilerActivity, profile
 
+        from ctx_fairseq.flops import counted_op_names
+
         self.train_step(entry)  # gradients and optimizer state exist from here on
         resident = sum(p.numel() * p.element_size() for p in entry["model"].parameters())
         resident += sum(p.grad.numel() * p.grad.element_size()
@@ -243,11 +255,19 @@ class Bench:
         for state in entry["opt"].state.values():
             resident += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            start = time.perf_counter()
             self.train_step(entry)
-        cur = peak = 0
+            entry["profiled_step_s"] = time.perf_counter() - start
+        counted = counted_op_names()
+        cur = peak = counted_us = 0
         for ev in sorted(prof.events(), key=lambda e: e.time_range.start):
             cur += ev.self_cpu_memory_usage
             peak = max(peak, cur)
+            if ev.name in counted and not _inside(ev, counted):
+                counted_us += ev.cpu_time_total
+        # CPU time of the ops whose FLOPs are counted (matrix products, fused attention,
+        # convolutions), each with what it calls
+        entry["counted_ops_s"] = counted_us / 1e6
         return (resident + peak) / 2 ** 20
 
     @torch.no_grad()
@@ -359,7 +379,12 @@ class Bench:
                 "batch_sentences": int(e["sample"]["nsentences"]),
                 "train_sentences_per_s": train / e["sample"]["ntokens"] * e["sample"]["nsentences"],
                 "peak_mem_mb_per_sentence": e["peak_mem_mb"] / e["sample"]["nsentences"],
-                "train_flops": e["flops"], "train_tokens_per_s_repeats": e["train"],
+                "train_flops": e["flops"],
+                # CPU only: one training step under the profiler (the memory measurement),
+                # its wall time and the CPU time of the ops whose FLOPs are counted
+                "train_profiled_step_s": e.get("profiled_step_s"),
+                "train_counted_ops_s": e.get("counted_ops_s"),
+                "train_tokens_per_s_repeats": e["train"],
                 "infer_sentences_per_s_repeats": e["infer"],
             })
         return {"device": self.device_name(), "shape": self.shape(), "results": results}
