@@ -69,3 +69,42 @@ def test_missing_hypotheses_and_post_processing():
     assert itd._strip_post_process(["--remove-bpe=@@ ", "--y"]) == ["--y"]
     with pytest.raises(ValueError, match="at least 2"):
         itd.iterative_decode("d", "p", "o", passes=1)
+
+
+def test_pass_two_reads_the_first_pass_translations_as_target_memory(decoder_ckpt, toy_bin,
+                                                                     tmp_path, monkeypatch):
+    from fairseq.data import Dictionary
+
+    from ctx_fairseq.models.transformer_selective_doc import SelectiveDocEncoder
+
+    seen = []
+    original = SelectiveDocEncoder.forward
+
+    def forward(self, *args, **kwargs):
+        seen.append(kwargs["mem_tgt_tokens"].clone())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SelectiveDocEncoder, "forward", forward)
+    out = str(tmp_path / "dec")
+    calls = []
+    real = itd.run_generate
+    monkeypatch.setattr(itd, "run_generate", lambda argv: (calls.append(len(seen)), real(argv))[1])
+    itd.iterative_decode(toy_bin, decoder_ckpt, out, passes=2,
+                         generate_args=[*DEC_ARGS, "--max-len-b", "6"])
+    d = Dictionary.load(os.path.join(toy_bin, "dict.tgt.txt"))
+
+    def rows(tensors):
+        return [d.string(r[r.ne(d.pad())]) for t in tensors for r in t]
+
+    first, second = seen[:calls[1]], seen[calls[1]:]
+    assert first and second
+    assert set(rows(first)) <= {""}  # pass 1: empty target memory
+    hyp1 = set(open(os.path.join(out, "hyp-pass1.txt")).read().splitlines())
+    assert any(h for h in hyp1)
+    assert set(rows(second)) <= hyp1 and set(rows(second)) & {h for h in hyp1 if h}
+
+
+def test_sentence_level_first_pass_keeps_the_search_options():
+    args = ["--task", "document_translation", "--document-context", "online", "--document-memory",
+            "--target-context-size", "1", "--max-len-b", "6", "--lenpen=1.2", "--cpu"]
+    assert itd.sentence_level_args(args) == ["--max-len-b", "6", "--lenpen=1.2", "--cpu"]

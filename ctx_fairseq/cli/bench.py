@@ -143,7 +143,12 @@ class Bench:
                                            dictionary, dictionary)
         else:
             task = TranslationTask(TranslationConfig(), dictionary, dictionary)
-        model = model_cls.build_model(margs, task).to(self.device)
+        model = model_cls.build_model(margs, task)
+        if hasattr(model, "finish_setup"):
+            # what the task does after building (frozen memory copies, freezing); the
+            # bench has no stage-1 checkpoint: the copies are of the initial weights
+            model.finish_setup(None, new_run=False)
+        model = model.to(self.device)
         return model, task, margs
 
     def document_sample(self, task, seed: int) -> Dict:

@@ -14,9 +14,9 @@ path of its log.
 A plugin model class may set ``demo_train_args`` / ``demo_generate_args``
 (lists of extra command-line arguments, e.g. a document-level task, or
 functions of the architecture name returning them),
-``demo_generate_command(arch, python, data, checkpoint, out_dir)`` (a whole
-command whose standard output replaces fairseq-generate's, e.g. iterative
-decoding; None for the default) and ``demo_contrastive`` (a function
+``demo_generate_command(arch, python, data, checkpoint, out_dir,
+first_pass=STAGE1_CHECKPOINT)`` (a whole command whose standard output
+replaces fairseq-generate's, e.g. iterative decoding; None for the default) and ``demo_contrastive`` (a function
 ``(checkpoint, data_dir, jsonl) -> result``) to take part in the demo;
 sentence-level models need none of them. ``demo_archs`` lists the
 architectures a model adds to the default ``--archs`` (default: the one named
@@ -193,11 +193,16 @@ class Demo:
             *_hook_args(cls, "demo_generate_args", arch),
         ]
         custom = getattr(cls, "demo_generate_command", None)
+        depends = [train_key]
         if custom is not None:
-            gen_cmd = custom(arch, py, binned, ckpt,
-                             os.path.join(self.work, "generate", arch)) or gen_cmd
+            stage1 = getattr(cls, "demo_stage1", None)
+            first_pass = self._trained[stage1][0] if stage1 in self._trained else None
+            if first_pass:
+                depends.append(self._trained[stage1][1])
+            gen_cmd = custom(arch, py, binned, ckpt, os.path.join(self.work, "generate", arch),
+                             first_pass=first_pass) or gen_cmd
         gen_key = self.run_step(f"generate-{arch}", f"fairseq-generate {arch}", gen_cmd, [gen],
-                                stdout_path=gen, depends=[train_key])
+                                stdout_path=gen, depends=depends)
         res_path = os.path.join(self.work, "results", f"{arch}.json")
         self.run_step(
             f"score-{arch}", f"BLEU + contrastive accuracy {arch}",

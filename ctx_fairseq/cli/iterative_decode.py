@@ -5,8 +5,9 @@ Models with target-side document context (``transformer_selective_doc`` with
 ``--context-integration decoder``) translate a sentence given the
 translations of the other sentences of its document. Pass 1 translates every
 sentence without that context: by a sentence-level checkpoint
-(``--first-pass-path``, e.g. the stage-1 ``transformer``) or, by default, by
-the same checkpoint with empty target context (every target memory sentence
+(``--first-pass-path``, e.g. the stage-1 ``transformer``: the paper's
+initialisation, recommended) or, without it, by the same checkpoint with
+empty target context (every target memory sentence
 empty, so each sentence is translated by the model's sentence-level part).
 Each later pass translates every sentence again with the previous pass's
 hypotheses as target context (``--target-context-file``), the other
@@ -17,8 +18,8 @@ sentences' translations fixed.
         [--beam 4] [--max-tokens 8000] -- --task document_translation \\
         --document-context online --document-memory --target-context-size 1
 
-Arguments after ``--`` go to every fairseq-generate pass with ``--path``
-(the document-level task options). ``--post-process``/``--remove-bpe``
+Arguments after ``--`` go to every fairseq-generate pass (the first pass by
+``--first-pass-path`` gets them without the document-task options). ``--post-process``/``--remove-bpe``
 there apply to the last pass only: the hypotheses handed from pass to pass
 stay in the data's units (BPE). Writes ``OUT/generate-pass{k}.txt`` (what
 fairseq-generate printed) and ``OUT/hyp-pass{k}.txt`` (hypotheses, one per
@@ -35,6 +36,29 @@ from typing import Dict, List, Optional, Sequence
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _POST_PROCESS = ("--post-process", "--remove-bpe")
+#: document-task options (flag -> takes a value); a sentence-level first pass gets the rest
+_TASK_OPTIONS = {"--task": True, "--source-context-size": True, "--target-context-size": True,
+                 "--context-direction": True, "--context-ablation": True,
+                 "--document-context": True, "--document-memory": False,
+                 "--memory-precomputed": False, "--document-batching": False,
+                 "--context-separator": True, "--gold-target-context": False,
+                 "--target-context-file": True, "--allow-context-change": False}
+
+
+def sentence_level_args(args: Sequence[str]) -> List[str]:
+    """``args`` without the document-task options (for a sentence-level
+    first-pass checkpoint, translated with fairseq's own task)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in _TASK_OPTIONS:
+            skip = _TASK_OPTIONS[name] and "=" not in a
+            continue
+        out.append(a)
+    return out
 
 
 def _strip_post_process(args: Sequence[str]) -> List[str]:
@@ -109,7 +133,8 @@ def iterative_decode(data: str, path: str, out_dir: str, passes: int = 2,
         last = k == passes
         extra = list(generate_args if last else inner)
         if k == 1 and first_pass_path:
-            argv = [data, "--path", first_pass_path, *common]  # a sentence-level model
+            # a sentence-level model: the same search options, without the document task
+            argv = [data, "--path", first_pass_path, *common, *sentence_level_args(extra)]
         else:
             if k == 1:  # the same model without target context: empty translations
                 hyp_file = os.path.join(out_dir, "hyp-pass0-empty.txt")

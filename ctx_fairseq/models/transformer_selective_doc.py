@@ -207,6 +207,22 @@ def _detached(info: Dict[str, Tensor]) -> Dict[str, Tensor]:
     return {k: (v.detach() if torch.is_tensor(v) else v) for k, v in info.items()}
 
 
+def _frozen_source(module, copy_name: str):
+    """The frozen sentence-level model that ``--context-memory frozen`` reads:
+    the frozen copy, or the module itself when the sentence level is frozen
+    (``--freeze-sentence-level``). Anything else would silently read memory
+    from trainable weights, so it is an error."""
+    copy_ = getattr(module, copy_name)
+    if copy_ is not None:
+        return copy_
+    if getattr(module.args, "freeze_sentence_level", False):
+        return module
+    raise RuntimeError(
+        "--context-memory frozen: the frozen copy of the sentence-level model is missing; build "
+        "the model through the document_translation task (which calls finish_setup after "
+        "--init-from-sentence-checkpoint) or use --freeze-sentence-level")
+
+
 class _EvalMode:
     """Run a module in eval mode (no dropout) and restore its mode."""
 
@@ -281,7 +297,7 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         the source tokens) when the model has one, the misses computed in
         chunks (:meth:`_encode_frozen`); without a cache all are computed in
         chunks."""
-        enc = self.memory_encoder if self.memory_encoder is not None else self
+        enc = _frozen_source(self, "memory_encoder")
         real = mem.ne(self.padding_idx)
         cache = self.memory_cache
         with torch.no_grad(), _EvalMode(enc):
@@ -401,10 +417,13 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         self.last_info: Optional[Dict[str, Tensor]] = None
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = _RecordingDecoderLayer(cfg, no_encoder_attn)
         self._layers_built = getattr(self, "_layers_built", 0) + 1
-        if getattr(cfg, "context_integration", None) == "decoder" and \
-                self._layers_built == cfg.decoder.layers and cfg.checkpoint_activations:
+        last = self._layers_built == cfg.decoder.layers
+        if getattr(cfg, "context_integration", None) != "decoder" or not last:
+            # only the last layer's source attention is read (decoder integration)
+            return wrap_layer(TransformerDecoderLayerBase(cfg, no_encoder_attn), cfg)
+        layer = _RecordingDecoderLayer(cfg, no_encoder_attn)
+        if cfg.checkpoint_activations:
             # the context layer reads the last layer's source attention as a side
             # output; under activation checkpointing it would be computed without
             # gradients (the layer's forward runs under no_grad and is recomputed in
@@ -464,7 +483,7 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         (``mem_enc``). Read from the cache (keyed on the source and the target
         tokens) when the model has one, the misses computed in chunks
         (:meth:`_decode_frozen`); without a cache all are computed in chunks."""
-        dec = self.memory_decoder if self.memory_decoder is not None else self
+        dec = _frozen_source(self, "memory_decoder")
         real = prev.ne(self.padding_idx)
         enc_states = mem_enc["encoder_out"][0]
         src_pad = mem_enc["encoder_padding_mask"][0]
@@ -587,14 +606,17 @@ class TransformerSelectiveDocModel(TransformerModel):
 
     @classmethod
     def demo_generate_command(cls, arch: str, python: str, data: str, ckpt: str,
-                              out_dir: str) -> Optional[List[str]]:
-        """Decoder integration translates by two-pass iterative decoding (the
-        first pass without target context)."""
+                              out_dir: str, first_pass: Optional[str] = None
+                              ) -> Optional[List[str]]:
+        """Decoder integration translates by two-pass iterative decoding, the
+        first pass by the stage-1 sentence-level model when the demo has one
+        (the paper's initialisation)."""
         if cls._integration(arch) != "decoder":
             return None
         return [python, "-m", "ctx_fairseq.cli.iterative_decode", data, "--path", ckpt,
                 "--out-dir", out_dir, "--gen-subset", "test", "--beam", "4",
-                "--max-tokens", "8000", "--", *cls.demo_generate_args(arch)]
+                "--max-tokens", "8000", *(["--first-pass-path", first_pass] if first_pass else []),
+                "--", *cls.demo_generate_args(arch)]
 
     @classmethod
     def demo_contrastive(cls, ckpt: str, data_dir: str, jsonl: str, ablation: str = "none",
