@@ -111,6 +111,9 @@ Choices where the paper is silent:
   checkpointed (a checkpointed layer computes it without gradients);
   ``--decoder-layerdrop`` (which may skip that layer) and a
   ``--decoder-output-dim`` other than ``--decoder-embed-dim`` are errors.
+* ``--doc-sentence-distance N`` (beyond the paper, default 0 = off): a
+  learned per-head bias on the sentence-level scores by the signed sentence
+  distance clipped to ``[-N, N]`` (recency; see the module docstring).
 * ``uses_target_context`` (read by the task) is true for decoder
   integration only; ``context_stats()`` keeps the last forward's info
   detached from the autograd graph.
@@ -165,7 +168,8 @@ def _context_layer(args, embed_dim: int, heads: int, ffn: int) -> DocumentContex
         word_attn=args.word_attn, selective=not args.dense_doc_attention,
         dropout=args.dropout, attention_dropout=args.attention_dropout,
         activation_dropout=getattr(args, "activation_dropout", 0.0) or 0.0,
-        activation_fn=getattr(args, "activation_fn", "relu") or "relu")
+        activation_fn=getattr(args, "activation_fn", "relu") or "relu",
+        sentence_distance=int(getattr(args, "doc_sentence_distance", 0) or 0))
 
 
 def _real_words(tokens: Tensor, dictionary) -> Tensor:
@@ -651,6 +655,11 @@ class TransformerSelectiveDocModel(TransformerModel):
                                  "in a cache on the CPU in float16, so that a sentence is "
                                  "encoded once, not in every batch; 0: no cache (default "
                                  f"{MEMORY_CACHE_SENTENCES})")
+        parser.add_argument("--doc-sentence-distance", type=int, metavar="N",
+                            help="beyond the paper: learned per-head bias on the sentence-level "
+                                 "scores by the signed sentence distance (query - memory "
+                                 "position, clipped to [-N, N]), for recency; 0: off, the "
+                                 "paper's model (default 0)")
         parser.add_argument("--dense-doc-attention", action="store_true",
                             help="word attention over every sentence (the reference path) "
                                  "instead of the sentence-sparsemax support only")
@@ -836,6 +845,7 @@ def selective_doc_base_architecture(args):
     _default(args, "context_memory", "shared")
     _default(args, "memory_cache_sentences", MEMORY_CACHE_SENTENCES)
     _default(args, "dense_doc_attention", False)
+    _default(args, "doc_sentence_distance", 0)  # beyond the paper; 0 = off
     _default(args, "freeze_sentence_level", False)
     _default(args, "init_from_sentence_checkpoint", None)
     base_architecture(args)

@@ -67,6 +67,29 @@ Choices where the paper is silent:
   query token is independent of the others, so a query sentence's output does
   not depend on the padding of other query or memory sentences.
 
+Beyond the paper (off by default, paper-faithful): **sentence-distance bias**
+(``sentence_distance=N``, the model's ``--doc-sentence-distance N``; 0 = off,
+no parameter is created). A learned per-head bias ``beta_h`` (``distance_bias``,
+``(2N+1) x H``, initialised to zero) indexed by the signed sentence distance
+``clip(query_pos - mem_pos, -N, N)`` is added to the sentence-level scores::
+
+    score_h(b, s) = q_s . k_s / sqrt(d_k) + beta_h[clip(query_pos[b] - mem_pos[s], -N, N)]
+
+before the Eq. 3 normaliser (hierarchical), before the Eq. 6 softmax
+(flat-sentence), and for flat-word to the score of every word of sentence
+``s``. Why: recency. The sentence keys (mean of the word vectors) carry no
+information about where a sentence is, so content-only sentence attention
+cannot prefer the most recent of several candidate sentences (e.g. a
+pronoun's antecedent is the most recent matching noun, earlier ones being
+distractors); the paper has no sentence-position information. Online only
+positive distances occur (visible sentences precede the query); distance 0
+is the sentence itself and is never visible, so its entry is never used.
+Visibility is unchanged (the bias is added before the ``-inf`` masking). The
+bias is computed per document group as a ``Bd x H x 1 x S_d`` tensor
+(broadcast over query tokens), smaller than the sentence score tensor, and
+the selective and dense paths share it (``_sentence_weights``), so they still
+agree in value and gradient. A zero bias gives exactly the model without it.
+
 Memory layout and cost. The memory is built once per batch of documents by
 :meth:`HierarchicalContextAttention.project_memory`, each document's sentences
 stored once (never copied per query sentence): ``S`` sentences, contiguous per
@@ -206,6 +229,9 @@ class HierarchicalContextAttention(nn.Module):
         kdim / vdim: feature dims of ``mem_keys`` / ``mem_values`` (default ``C``).
         chunk_elems: selective path: approximate number of elements (padded
             scores + gathered keys/values) processed per chunk.
+        sentence_distance: ``N`` > 0: learned per-head bias on the sentence
+            scores by the signed sentence distance clipped to ``[-N, N]``
+            (beyond the paper, see the module docstring); 0 (default): off.
 
     Shapes: ``query`` ``T x B x C``; ``query_doc``/``query_pos`` ``(B,)`` long;
     ``mem_keys`` ``S x L x kdim``, ``mem_values`` ``S x L x vdim``,
@@ -217,7 +243,7 @@ class HierarchicalContextAttention(nn.Module):
                  sentence_attn: str = "sparsemax", word_attn: str = "softmax",
                  selective: bool = True, attention_dropout: float = 0.0,
                  kdim: Optional[int] = None, vdim: Optional[int] = None,
-                 chunk_elems: int = 1 << 22):
+                 chunk_elems: int = 1 << 22, sentence_distance: int = 0):
         super().__init__()
         if attention not in ATTENTION_TYPES:
             raise ValueError(f"attention: expected one of {ATTENTION_TYPES}, got {attention!r}")
@@ -240,6 +266,9 @@ class HierarchicalContextAttention(nn.Module):
         self.chunk_elems = int(chunk_elems)
         self.uses_sentences = attention in ("hierarchical", "flat-sentence")
         self.uses_words = attention in ("hierarchical", "flat-word")
+        self.sentence_distance = int(sentence_distance)
+        if self.sentence_distance < 0:
+            raise ValueError(f"sentence_distance must be >= 0, got {sentence_distance}")
 
         if self.uses_sentences:
             self.q_s_proj = nn.Linear(embed_dim, embed_dim)  # W^{Q_s}
@@ -249,6 +278,9 @@ class HierarchicalContextAttention(nn.Module):
             self.k_w_proj = nn.Linear(self.kdim, embed_dim)  # W^{K_w}
         self.v_proj = nn.Linear(self.vdim, embed_dim)  # W^{V_w}
         self.out_proj = nn.Linear(embed_dim, embed_dim)  # W^O
+        if self.sentence_distance > 0:  # beyond the paper: beta_h[clip(distance)]
+            self.distance_bias = nn.Parameter(
+                torch.zeros(2 * self.sentence_distance + 1, num_heads))
         self.dropout_module = FairseqDropout(attention_dropout, module_name=self.__class__.__name__)
         self.reset_parameters()
 
@@ -259,11 +291,14 @@ class HierarchicalContextAttention(nn.Module):
                 nn.init.xavier_uniform_(getattr(self, name).weight, gain=gain)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.constant_(self.out_proj.bias, 0.0)
+        if self.sentence_distance > 0:
+            nn.init.zeros_(self.distance_bias)
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"attention={self.attention}, sentence_attn={self.sentence_attn}, "
-                f"word_attn={self.word_attn}, selective={self.selective}")
+                f"word_attn={self.word_attn}, selective={self.selective}, "
+                f"sentence_distance={self.sentence_distance}")
 
     # ------------------------------------------------------------------ memory
     @staticmethod
@@ -452,14 +487,16 @@ class HierarchicalContextAttention(nn.Module):
             qs_g = q_s_parts[g] if q_s_parts is not None else None
             qw_g = q_w_parts[g] if q_w_parts is not None else None
             tok = tok_parts[g] & ctx.unsqueeze(1)  # Bd x T: tokens counted in stats
+            bias = self._distance_bias(pos_parts[g], doc)  # Bd x H x 1 x S_d or None
             if self.attention == "hierarchical":
                 o, a_s, a_w, st = (self._hierarchical_selective if self.selective
                                    else self._hierarchical_dense)(
-                    qs_g, qw_g, doc, vis, tok, want_word_w, return_stats)
+                    qs_g, qw_g, doc, vis, tok, want_word_w, return_stats, bias)
             elif self.attention == "flat-sentence":
-                o, a_s, a_w, st = self._flat_sentence(qs_g, doc, vis, tok, return_stats)
+                o, a_s, a_w, st = self._flat_sentence(qs_g, doc, vis, tok, return_stats, bias)
             else:
-                o, a_s, a_w, st = self._flat_word(qw_g, doc, vis, tok, want_word_w, return_stats)
+                o, a_s, a_w, st = self._flat_word(qw_g, doc, vis, tok, want_word_w,
+                                                  return_stats, bias)
             heads.append(o)
             if need_weights:
                 sent_w.append((a_s.detach(), doc))
@@ -523,14 +560,28 @@ class HierarchicalContextAttention(nn.Module):
             (pair_words.to(torch.float64) * pair_tok).sum(),
         ]).detach()
 
-    def _sentence_weights(self, qs: Tensor, doc: DocumentSlice, vis: Tensor) -> Tensor:
-        """Eq. 3: ``Bd x H x T x S_d``."""
+    def _distance_bias(self, query_pos: Tensor, doc: DocumentSlice) -> Optional[Tensor]:
+        """Beyond the paper: ``beta_h[clip(query_pos - mem_pos, -N, N)]`` for one
+        document group, ``Bd x H x 1 x S_d`` (broadcast over the query tokens);
+        None when off."""
+        if self.sentence_distance <= 0:
+            return None
+        n = self.sentence_distance
+        dist = (query_pos.unsqueeze(1) - doc.pos.unsqueeze(0)).clamp(-n, n) + n  # Bd x S_d
+        return self.distance_bias[dist].permute(0, 2, 1).unsqueeze(2)
+
+    def _sentence_weights(self, qs: Tensor, doc: DocumentSlice, vis: Tensor,
+                          bias: Optional[Tensor] = None) -> Tensor:
+        """Eq. 3 (plus the optional distance bias): ``Bd x H x T x S_d``."""
         scores = torch.einsum("tbhd,shd->bhts", qs, doc.k_s)
+        if bias is not None:
+            scores = scores + bias
         return masked_normalize(scores, vis[:, None, None, :], self.sentence_attn)
 
     def _hierarchical_dense(self, qs: Tensor, qw: Tensor, doc: DocumentSlice, vis: Tensor,
-                            tok: Tensor, want_word_w: bool, want_stats: bool):
-        alpha_s = self._sentence_weights(qs, doc, vis)  # Eq. 3
+                            tok: Tensor, want_word_w: bool, want_stats: bool,
+                            bias: Optional[Tensor] = None):
+        alpha_s = self._sentence_weights(qs, doc, vis, bias)  # Eq. 3
         scores_w = torch.einsum("tbhd,shld->bhtsl", qw, doc.k_w)
         alpha_w = masked_normalize(scores_w, doc.word_mask, self.word_attn)  # Eq. 4
         alpha = alpha_s.unsqueeze(-1) * alpha_w  # Eq. 5
@@ -557,7 +608,8 @@ class HierarchicalContextAttention(nn.Module):
         return torch.bmm(self.dropout_module(alpha), v_flat[groups]), alpha_w, alpha
 
     def _hierarchical_selective(self, qs: Tensor, qw: Tensor, doc: DocumentSlice, vis: Tensor,
-                                tok: Tensor, want_word_w: bool, want_stats: bool):
+                                tok: Tensor, want_word_w: bool, want_stats: bool,
+                                bias: Optional[Tensor] = None):
         """Eq. 4-5 on the support of Eq. 3 only. The support pairs (query token
         ``(b, t)``, head ``h``, sentence ``s``) are grouped by ``(s, h)``: each
         group is one small GEMM of its queries against the sentence's keys, so
@@ -566,7 +618,7 @@ class HierarchicalContextAttention(nn.Module):
         processed in chunks of about ``chunk_elems`` elements."""
         T, bd, H, hd = qw.shape
         s_d, l_d = doc.word_mask.shape
-        alpha_s = self._sentence_weights(qs, doc, vis)  # Eq. 3, Bd x H x T x S_d
+        alpha_s = self._sentence_weights(qs, doc, vis, bias)  # Eq. 3, Bd x H x T x S_d
         sel = (alpha_s != 0).detach()
         b_i, h_i, t_i, s_i = sel.nonzero(as_tuple=True)  # the support of Eq. 3
         grp, order = torch.sort(s_i * H + h_i, stable=True)
@@ -624,8 +676,10 @@ class HierarchicalContextAttention(nn.Module):
         return out, alpha_s, word_alpha, st
 
     def _flat_sentence(self, qs: Tensor, doc: DocumentSlice, vis: Tensor, tok: Tensor,
-                       want_stats: bool):
+                       want_stats: bool, bias: Optional[Tensor] = None):
         scores = torch.einsum("tbhd,shd->bhts", qs, doc.k_s)
+        if bias is not None:
+            scores = scores + bias
         alpha = masked_normalize(scores, vis[:, None, None, :], "softmax")  # Eq. 6
         out = torch.einsum("bhts,shd->tbhd", self.dropout_module(alpha), doc.v_s)
         st = None
@@ -636,10 +690,13 @@ class HierarchicalContextAttention(nn.Module):
         return out, alpha, None, st
 
     def _flat_word(self, qw: Tensor, doc: DocumentSlice, vis: Tensor, tok: Tensor,
-                   want_word_w: bool, want_stats: bool):
+                   want_word_w: bool, want_stats: bool, bias: Optional[Tensor] = None):
         T, bd, H, _ = qw.shape
         s_d, l_d = doc.word_mask.shape
-        scores = torch.einsum("tbhd,shld->bhtsl", qw, doc.k_w).reshape(bd, H, T, s_d * l_d)
+        scores = torch.einsum("tbhd,shld->bhtsl", qw, doc.k_w)
+        if bias is not None:  # the sentence's bias on every word of it
+            scores = scores + bias.unsqueeze(-1)
+        scores = scores.reshape(bd, H, T, s_d * l_d)
         mask = (vis[:, :, None] & doc.word_mask.unsqueeze(0)).view(bd, 1, 1, s_d * l_d)
         alpha = masked_normalize(scores, mask, "softmax").view(bd, H, T, s_d, l_d)  # Eq. 6
         out = torch.einsum("bhtsl,shld->tbhd", self.dropout_module(alpha), doc.v_w)
@@ -716,7 +773,8 @@ class DocumentContextLayer(nn.Module):
     defaults to ``r`` (encoder integration); for decoder integration pass the
     last layer's source-attention output as ``query``. Query sentences with no
     visible context get ``d = 0`` and ``r~ = r`` exactly.
-    Args are those of :class:`HierarchicalContextAttention` plus ``ffn_embed_dim``
+    Args are those of :class:`HierarchicalContextAttention` (incl.
+    ``sentence_distance``) plus ``ffn_embed_dim``
     (``F``), ``dropout``, ``activation_dropout``, ``activation_fn``.
     """
 
@@ -726,13 +784,13 @@ class DocumentContextLayer(nn.Module):
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
                  activation_fn: str = "relu", kdim: Optional[int] = None,
                  vdim: Optional[int] = None, export: bool = False,
-                 chunk_elems: int = 1 << 22):
+                 chunk_elems: int = 1 << 22, sentence_distance: int = 0):
         super().__init__()
         self.embed_dim = embed_dim
         self.context_attn = HierarchicalContextAttention(
             embed_dim, num_heads, attention=attention, sentence_attn=sentence_attn,
             word_attn=word_attn, selective=selective, attention_dropout=attention_dropout,
-            kdim=kdim, vdim=vdim, chunk_elems=chunk_elems)
+            kdim=kdim, vdim=vdim, chunk_elems=chunk_elems, sentence_distance=sentence_distance)
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.attn_layer_norm = LayerNorm(embed_dim, export=export)
         self.activation_fn = utils.get_activation_fn(activation_fn)
