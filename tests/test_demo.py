@@ -101,3 +101,19 @@ def test_demo_runs_the_selective_model_in_both_integrations(tiny_model, tmp_path
         os.path.join(work, "logs", "generate-transformer_selective_doc_dec.log")) else ""
     assert os.path.exists(os.path.join(work, "generate", "transformer_selective_doc_dec",
                                        "generate-pass2.txt")), steps[-2000:]
+
+
+def test_changed_training_settings_start_anew(tiny_model, tmp_path, capsys):
+    """A re-run with other training settings trains from scratch, never on top
+    of the checkpoint the earlier settings left."""
+    work = str(tmp_path / "fresh")
+    demo.cli_main(["--workdir", work, "--archs", "transformer", *TINY])
+    demo.cli_main(["--workdir", work, "--archs", "transformer", *TINY[:-1], "3"])
+    log = open(os.path.join(work, "logs", "train-transformer.log")).read()
+    assert "loaded checkpoint" not in log.lower() or "num_updates 0" in log
+    import torch
+
+    state = torch.load(os.path.join(work, "checkpoints", "transformer", "checkpoint_last.pt"),
+                       map_location="cpu", weights_only=True)
+    assert state["optimizer_history"][-1]["num_updates"] == 3
+    assert "No existing checkpoint found" in log

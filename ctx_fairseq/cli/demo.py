@@ -82,16 +82,22 @@ class Demo:
 
     def run_step(self, name: str, title: str, cmd: List[str], outputs: List[str],
                  stdout_path: Optional[str] = None, progress_total: Optional[int] = None,
-                 depends: Sequence[str] = ()) -> str:
+                 depends: Sequence[str] = (), fresh_dir: Optional[str] = None) -> str:
         """Run ``cmd`` unless an identical earlier run (same command, same inputs
         from the steps it ``depends`` on) finished; log to logs/NAME.log.
-        Returns the step's key, which later steps name in ``depends``."""
+        Returns the step's key, which later steps name in ``depends``.
+        ``fresh_dir`` is emptied before a (re-)run: a training step whose
+        settings changed starts anew instead of resuming an older checkpoint."""
         self.step_no += 1
         key = hashlib.sha256(json.dumps([cmd, list(depends)]).encode()).hexdigest()
         prefix = f"[{self.step_no}/{self.total_steps}] {title}"
         if self._is_done(name, key, outputs):
             self.say(f"{prefix}: done earlier, reused")
             return key
+        if fresh_dir:
+            import shutil
+
+            shutil.rmtree(fresh_dir, ignore_errors=True)
         os.makedirs(self.logs, exist_ok=True)
         log_path = os.path.join(self.logs, name + ".log")
         self.say(f"{prefix} ...")
@@ -177,7 +183,8 @@ class Demo:
         ]
         key = self.run_step(f"train-{arch}", f"train {arch}" + (f" (from {stage1})" if stage1
                                                                   else ""),
-                            train_cmd, [ckpt], progress_total=a.max_update, depends=depends)
+                            train_cmd, [ckpt], progress_total=a.max_update, depends=depends,
+                            fresh_dir=ckpt_dir)
         self._trained[arch] = (ckpt, key)
         return ckpt, key
 
