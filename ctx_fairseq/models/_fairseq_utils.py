@@ -23,6 +23,21 @@ def wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
+def set_default(args, name, value):
+    """Architecture presets: set ``args.name`` unless the command line did."""
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
+def tiny_shape(args):
+    """The ``*_tiny`` presets (toy data, tests): 2 layers, d=64, 4 heads, FFN 128."""
+    for side in ("encoder", "decoder"):
+        set_default(args, f"{side}_embed_dim", 64)
+        set_default(args, f"{side}_ffn_embed_dim", 128)
+        set_default(args, f"{side}_attention_heads", 4)
+        set_default(args, f"{side}_layers", 2)
+
+
 def to_namespace(args):
     """Checkpoints may hand a model its config as an omegaconf ``DictConfig``;
     ``TransformerConfig.from_namespace`` keeps the plugin's own (unknown) keys

@@ -43,7 +43,13 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 from fairseq.modules import LayerNorm
 from torch import Tensor
 
-from ctx_fairseq.models._fairseq_utils import load_sentence_checkpoint, to_namespace, wrap_layer
+from ctx_fairseq.models._fairseq_utils import (
+    load_sentence_checkpoint,
+    set_default,
+    tiny_shape,
+    to_namespace,
+    wrap_layer,
+)
 from ctx_fairseq.modules.context_gate import ContextAwareEncoderLayer
 
 logger = logging.getLogger(__name__)
@@ -251,9 +257,7 @@ class TransformerContextAwareModel(TransformerModel):
 # --------------------------------------------------------------------------- presets
 
 
-def _default(args, name, value):
-    if getattr(args, name, None) is None:
-        setattr(args, name, value)
+_default = set_default
 
 
 def context_aware_base_architecture(args):
@@ -278,9 +282,5 @@ def transformer_context_aware_small(args):
 
 @register_model_architecture("transformer_context_aware", "transformer_context_aware_tiny")
 def transformer_context_aware_tiny(args):
-    for side in ("encoder", "decoder"):
-        _default(args, f"{side}_embed_dim", 64)
-        _default(args, f"{side}_ffn_embed_dim", 128)
-        _default(args, f"{side}_attention_heads", 4)
-        _default(args, f"{side}_layers", 2)
+    tiny_shape(args)
     context_aware_base_architecture(args)

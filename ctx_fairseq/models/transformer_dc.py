@@ -39,7 +39,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
-from ctx_fairseq.models._fairseq_utils import to_namespace, wrap_layer
+from ctx_fairseq.models._fairseq_utils import set_default, to_namespace, wrap_layer
 from ctx_fairseq.modules.dual_context import (
     DCTransformerDecoderLayer,
     DCTransformerEncoderLayer,
@@ -172,9 +172,7 @@ class TransformerDCModel(TransformerModel):
 # --------------------------------------------------------------------------- presets
 
 
-def _default(args, name, value):
-    if getattr(args, name, None) is None:
-        setattr(args, name, value)
+_default = set_default
 
 
 def dc_base_architecture(args):

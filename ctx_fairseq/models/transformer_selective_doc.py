@@ -138,7 +138,13 @@ from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
-from ctx_fairseq.models._fairseq_utils import load_sentence_checkpoint, to_namespace, wrap_layer
+from ctx_fairseq.models._fairseq_utils import (
+    load_sentence_checkpoint,
+    set_default,
+    tiny_shape,
+    to_namespace,
+    wrap_layer,
+)
 from ctx_fairseq.modules.selective_attention import DocumentContextLayer
 from ctx_fairseq.modules.sentence_cache import (
     SentenceStateCache,
@@ -842,9 +848,7 @@ class TransformerSelectiveDocModel(TransformerModel):
 # --------------------------------------------------------------------------- presets
 
 
-def _default(args, name, value):
-    if getattr(args, name, None) is None:
-        setattr(args, name, value)
+_default = set_default
 
 
 def selective_doc_base_architecture(args):
@@ -875,9 +879,5 @@ def transformer_selective_doc_dec(args):
 
 @register_model_architecture("transformer_selective_doc", "transformer_selective_doc_tiny")
 def transformer_selective_doc_tiny(args):
-    for side in ("encoder", "decoder"):
-        _default(args, f"{side}_embed_dim", 64)
-        _default(args, f"{side}_ffn_embed_dim", 128)
-        _default(args, f"{side}_attention_heads", 4)
-        _default(args, f"{side}_layers", 2)
+    tiny_shape(args)
     selective_doc_base_architecture(args)
