@@ -130,6 +130,32 @@ def _local(tag) -> str:
     return tag.rsplit("}", 1)[-1].lower()
 
 
+def _feed_xml(path: str, parser, handle, hint=lambda: "") -> int:
+    """Feed ``path`` to an incremental XML ``parser`` line by line, calling
+    ``handle(lineno)`` after each line (and once at the end); malformed XML
+    and unreadable files become :class:`PrepDocsError` naming the line
+    (``hint()`` is appended to the malformed-XML message). Returns the number
+    of lines read."""
+    import xml.etree.ElementTree as ET
+
+    lineno = 0
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                parser.feed(raw)
+                handle(lineno)
+        parser.close()
+        handle(lineno)
+    except ET.ParseError as err:
+        line, col = err.position if getattr(err, "position", None) else (lineno or 1, 0)
+        msg = re.sub(r": line \d+, column \d+$", "", str(err))
+        raise PrepDocsError(path, line, f"malformed XML ({msg}, column {col}); "
+                                        f"expected well-formed XML{hint()}") from None
+    except OSError as err:
+        raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
+    return lineno
+
+
 def _parse_xml(path: str, allow_empty: bool) -> Tuple[List[_Doc], int, int]:
     """Parse and validate one XML file. Returns (documents, number of lines,
     number of line breaks replaced inside segments)."""
@@ -198,25 +224,13 @@ def _parse_xml(path: str, allow_empty: bool) -> Tuple[List[_Doc], int, int]:
                 cur = None
                 el.clear()
 
-    lineno = 0
-    try:
-        with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                parser.feed(raw)
-                handle(lineno)
-        parser.close()
-        handle(lineno)
-    except ET.ParseError as err:
-        line, col = err.position if getattr(err, "position", None) else (lineno or 1, 0)
-        msg = re.sub(r": line \d+, column \d+$", "", str(err))
-        hint = ""
+    def sgm_hint() -> str:
         if path.lower().endswith(".sgm") or (root and root[0] in ("srcset", "refset", "tstset")):
-            hint = ("; WMT .sgm files are often not well-formed XML: read them with "
+            return ("; WMT .sgm files are often not well-formed XML: read them with "
                     "`ctx-prep-docs sgml --src-sgm FILE --tgt-sgm FILE`")
-        raise PrepDocsError(path, line, f"malformed XML ({msg}, column {col}); "
-                                        f"expected well-formed XML{hint}") from None
-    except OSError as err:
-        raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
+        return ""
+
+    lineno = _feed_xml(path, parser, handle, sgm_hint)
     if not docs:
         raise PrepDocsError(path, 1, "no <doc> elements found; expected "
                                      '<doc docid="..."> elements with <seg id="..."> inside')
@@ -650,21 +664,7 @@ def _parse_wmt(path: str) -> List[_WmtDoc]:
                     cur = None
                     el.clear()
 
-    lineno = 0
-    try:
-        with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                parser.feed(raw)
-                handle(lineno)
-        parser.close()
-        handle(lineno)
-    except ET.ParseError as err:
-        line, col = err.position if getattr(err, "position", None) else (lineno or 1, 0)
-        msg = re.sub(r": line \d+, column \d+$", "", str(err))
-        raise PrepDocsError(path, line, f"malformed XML ({msg}, column {col}); "
-                                        "expected well-formed XML") from None
-    except OSError as err:
-        raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
+    lineno = _feed_xml(path, parser, handle)
     if not docs:
         raise PrepDocsError(path, 1, 'no <doc> elements found; expected <doc id="..."> elements '
                                      "with <src>, <ref> and <seg id=...> inside")
