@@ -180,6 +180,9 @@ class Demo:
             "--max-tokens", "4096", "--max-update", str(a.max_update), "--seed", str(a.seed),
             "--save-dir", ckpt_dir, "--no-epoch-checkpoints", "--disable-validation",
             "--no-progress-bar", "--log-interval", "25", "--num-workers", "0",
+            # no prefetch thread: with one, fairseq-train sometimes aborts at exit
+            # ("terminate called without an active exception")
+            "--data-buffer-size", "0",
         ]
         key = self.run_step(f"train-{arch}", f"train {arch}" + (f" (from {stage1})" if stage1
                                                                   else ""),
