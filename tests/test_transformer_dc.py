@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ctx_fairseq  # noqa: F401  (registers the model)
 from fairseq import options
@@ -103,6 +104,80 @@ def test_local_context_unit_incremental_and_reorder():
     assert torch.allclose(torch.cat(steps[3:]), full_y[3:], atol=1e-12)
     with pytest.raises(ValueError, match="--dc-kernel-size"):
         LocalContextUnit(8, kernel_size=0)
+
+
+class _ActivationCasts(TorchDispatchMode):
+    """Counts dtype conversions of activations (3-D ``T x B x C`` tensors; weights
+    are 2-D, biases 1-D) and records the dtype every ``unfold`` works in."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts, self.unfold_dtypes = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket is torch.ops.aten._to_copy and args[0].dim() == 3:
+            dtype = kwargs.get("dtype", args[0].dtype)
+            if dtype != args[0].dtype:
+                self.casts.append((args[0].dtype, dtype))
+        if func.overloadpacket in (torch.ops.aten.unfold, torch.ops.aten.constant_pad_nd):
+            self.unfold_dtypes.append(args[0].dtype)
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dc_module_under_autocast_casts_its_input_once(causal):
+    """Under autocast (CPU: bfloat16) the DC module casts its float32 input once and
+    l_c once, and the Local Context Unit pads and unfolds in bfloat16 (it used to
+    build the f-fold window in float32 and cast it, then cast r once per
+    projection); the output is what autocast's own casts give, bit for bit."""
+    torch.manual_seed(3)
+    dc = DualContextAttention(16, 2, kernel_size=3, causal=causal).eval()
+    x = torch.randn(7, 3, 16)
+    kpm = torch.zeros(3, 7, dtype=torch.bool)
+    kpm[1, :2] = True
+    mask = (torch.triu(torch.full((7, 7), float("-inf")), 1) if causal else None)
+    with torch.no_grad():
+        ref32, _ = dc(x, x, x, key_padding_mask=kpm, attn_mask=mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with _ActivationCasts() as seen:  # (a dispatch mode may change SDPA's kernel)
+                dc(x, x, x, key_padding_mask=kpm, attn_mask=mask)
+            y, _ = dc(x, x, x, key_padding_mask=kpm, attn_mask=mask)
+        # reference: every consumer casts r itself (autocast's behaviour)
+        lcu = dc.local_context
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            pad = kpm.t().unsqueeze(-1)
+            ctx = torch.nn.functional.pad(x.to(torch.bfloat16), (0, 0, 0, 0, lcu.padding_l,
+                                                                 lcu.padding_r))
+            ctx[lcu.padding_l:lcu.padding_l + 7].masked_fill_(pad, 0.0)
+            r_hat = torch.nn.functional.glu(lcu.window_proj(lcu._windows(ctx, 7)), -1)
+            l_c = lcu.layer_norm(r_hat + x)
+            h_g, _ = dc.global_attn(x, x, x, key_padding_mask=kpm, attn_mask=mask,
+                                    need_weights=False)
+            h_l, _ = dc.local_attn(x, l_c, l_c, key_padding_mask=kpm, attn_mask=mask,
+                                   need_weights=False)
+    assert y.dtype == torch.bfloat16
+    assert seen.casts == [(torch.float32, torch.bfloat16)] * 2, seen.casts
+    assert seen.unfold_dtypes and set(seen.unfold_dtypes) == {torch.bfloat16}
+    assert torch.equal(y, h_l + h_g)
+    assert (y.float() - ref32).abs().max() < 0.05 * ref32.abs().max()
+
+
+def test_local_context_unit_incremental_under_autocast():
+    """Under autocast the incremental buffer holds the bfloat16 inputs; steps equal
+    the full (autocast) forward up to GEMM blocking (bfloat16 resolution)."""
+    torch.manual_seed(4)
+    lcu = LocalContextUnit(16, kernel_size=3, causal=True).eval()
+    x = torch.randn(6, 2, 16)
+    state = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        steps = torch.cat([lcu(x[t:t + 1], incremental_state=state) for t in range(6)])
+        full = lcu(x)
+        assert lcu._get_input_buffer(state).dtype == torch.bfloat16
+    assert steps.dtype == full.dtype == torch.float32  # LayerNorm runs in float32
+    assert (steps - full).abs().max() < 2e-2
+    with pytest.raises(ValueError, match="x_cast"):
+        lcu(x, x_cast=x.double())
 
 
 # --------------------------------------------------------------------------- structure

@@ -67,7 +67,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from ctx_fairseq.modules.local_context import LocalContextUnit
+from ctx_fairseq.modules.local_context import LocalContextUnit, compute_dtype
 
 __all__ = [
     "DualContextAttention",
@@ -166,14 +166,23 @@ class DualContextAttention(nn.Module):
                 "(cross_self_attention is not supported with transformer_dc)"
             )
         r = query
-        l_c = self.local_context(r, key_padding_mask, incremental_state)  # Eq. 6
+        # Mixed precision: r (float32 under autocast) is cast once to the GEMMs'
+        # dtype and that copy feeds the Local Context Unit's window and all five
+        # projections of both FI units (autocast would cast it once per
+        # projection); l_c leaves its float32 LayerNorm and is cast once for
+        # local_attn's key and value projections. Without autocast both casts
+        # are no-ops. The values are those autocast's own casts would give.
+        dtype = compute_dtype(r)
+        r_c = r.to(dtype)
+        l_c = self.local_context(r, key_padding_mask, incremental_state, x_cast=r_c)  # Eq. 6
+        l_c = l_c.to(dtype)
         h_g, attn = self.global_attn(  # Eq. 7, h_g (+ its share of Eq. 8)
-            query=r, key=r, value=r, key_padding_mask=key_padding_mask,
+            query=r_c, key=r_c, value=r_c, key_padding_mask=key_padding_mask,
             incremental_state=incremental_state, need_weights=need_weights,
             attn_mask=attn_mask, need_head_weights=need_head_weights,
         )
         h_l, _ = self.local_attn(  # Eq. 7, h_l (+ its share of Eq. 8)
-            query=r, key=l_c, value=l_c, key_padding_mask=key_padding_mask,
+            query=r_c, key=l_c, value=l_c, key_padding_mask=key_padding_mask,
             incremental_state=incremental_state, need_weights=False, attn_mask=attn_mask,
         )
         return h_l + h_g, attn  # Eq. 8: [h_l; h_g] W_z + b_z

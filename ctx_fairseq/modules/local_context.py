@@ -34,6 +34,21 @@ follows the beam.
 Implementation: the window is built with one ``unfold`` over time (one copy of
 ``f * T * B * d`` values) followed by a single GEMM, which is the same
 arithmetic as ``F.conv1d`` without the ``T x B x C -> B x C x T`` transposes.
+
+Mixed precision. Under ``torch.autocast`` the unit's input is float32 (it is
+the output of a LayerNorm, or the residual stream, both float32 under
+autocast), while the GEMM runs in the autocast dtype. The unit therefore
+casts its input **once** to the compute dtype (:func:`compute_dtype`) and
+zero-pads, masks and unfolds that half-precision copy, so the ``f``-fold
+window is built and read at half the bytes and autocast has nothing left to
+cast before ``W^r``; a caller that already holds the cast input (the DC
+module shares it with its attentions) passes it as ``x_cast``. The only
+float32 work left is what stability needs: the residual ``\hat r + r`` is
+added in the input's dtype (float32 under autocast, as fairseq's layers add
+their residuals; the add promotes inside one kernel, no separate copy) and
+the LayerNorm runs in float32 (autocast's choice for ``layer_norm``). Without
+autocast (float32, or a model cast with ``.half()`` as ``fairseq-train --fp16``
+does) the compute dtype is the input's dtype and nothing is cast.
 """
 
 from typing import Dict, Optional
@@ -47,7 +62,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
-__all__ = ["LocalContextUnit", "window_offsets"]
+__all__ = ["LocalContextUnit", "compute_dtype", "window_offsets"]
 
 
 def window_offsets(kernel_size: int, causal: bool):
@@ -59,6 +74,17 @@ def window_offsets(kernel_size: int, causal: bool):
         return kernel_size - 1, 0
     a = kernel_size // 2
     return a, kernel_size - 1 - a
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the GEMMs on ``x`` run in: the autocast dtype of ``x``'s device
+    when autocast is on there and would cast ``x`` (a floating tensor other
+    than float64, as autocast's own eligibility rule), else ``x.dtype``."""
+    dev = x.device.type
+    if (x.is_floating_point() and x.dtype != torch.float64
+            and torch.is_autocast_enabled(dev)):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
 
 
 @with_incremental_state
@@ -111,15 +137,25 @@ class LocalContextUnit(nn.Module):
         return win.reshape(tgt_len, bsz, f * c)
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,
-                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None
-                ) -> Tensor:
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                x_cast: Optional[Tensor] = None) -> Tensor:
+        """``x_cast``: ``x`` already cast to :func:`compute_dtype` (optional; the
+        unit casts ``x`` itself otherwise). The windows are built from it; the
+        residual uses ``x``."""
         tgt_len = x.size(0)
         # B x T -> T x B x 1; padded inputs contribute nothing to the windows
         pad = (padding_mask.transpose(0, 1).unsqueeze(-1).to(torch.bool)
                if padding_mask is not None else None)
+        # one cast to the GEMM's dtype (a no-op without autocast): pad, mask and
+        # unfold then move half-precision values and W^r's input needs no cast
+        dtype = compute_dtype(x)
+        xc = x.to(dtype) if x_cast is None else x_cast
+        if xc.shape != x.shape or xc.dtype != dtype:
+            raise ValueError(f"LocalContextUnit: x_cast must be x as {dtype}, "
+                             f"got {xc.dtype} {tuple(xc.shape)} for {tuple(x.shape)}")
 
         if incremental_state is not None:
-            x_in = x if pad is None else x.masked_fill(pad, 0.0)
+            x_in = xc if pad is None else xc.masked_fill(pad, 0.0)
             if not self.causal:
                 raise RuntimeError("LocalContextUnit: incremental decoding needs causal=True")
             ctx = x_in
@@ -131,14 +167,16 @@ class LocalContextUnit(nn.Module):
                 self._set_input_buffer(incremental_state, ctx[-(self.kernel_size - 1):])
         elif self.padding_l or self.padding_r:
             # one new buffer: zero boundaries, then zero the padded inputs in place
-            ctx = F.pad(x, (0, 0, 0, 0, self.padding_l, self.padding_r))
+            ctx = F.pad(xc, (0, 0, 0, 0, self.padding_l, self.padding_r))
             if pad is not None:
                 ctx[self.padding_l:self.padding_l + tgt_len].masked_fill_(pad, 0.0)
         else:
-            ctx = x if pad is None else x.masked_fill(pad, 0.0)
+            ctx = xc if pad is None else xc.masked_fill(pad, 0.0)
 
         r_hat = F.glu(self.window_proj(self._windows(ctx, tgt_len)), dim=-1)
         r_hat = self.dropout_module(r_hat)
+        # Residual in x's dtype (float32 under autocast, promoted inside the add)
+        # and LayerNorm in float32 under autocast: the upcasts stability needs.
         return self.layer_norm(r_hat + x)
 
     # ---- incremental state (buffer of the last f-1 inputs, (f-1) x B x C) ----
