@@ -59,6 +59,7 @@ setup(
             "ctx-probe = ctx_fairseq.eval.probe:cli_main",
             "ctx-prep-corpora = ctx_fairseq.data.prep_corpora:cli_main",
             "ctx-make-pronoun-suite = ctx_fairseq.eval.make_pronoun_suite:cli_main",
+            "ctx-cxmi = ctx_fairseq.cli.entry_points:cxmi",
         ]
     },
 )

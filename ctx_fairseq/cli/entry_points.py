@@ -32,3 +32,7 @@ def context_aware_analysis() -> None:
 
 def score_contrastive() -> None:
     _run("ctx_fairseq.eval.contrastive:cli_main")
+
+
+def cxmi() -> None:
+    _run("ctx_fairseq.eval.cxmi:cli_main")

@@ -1,0 +1,574 @@
+"""How much does a model use its context? CXMI and P-CXMI (``ctx-cxmi``).
+
+Fernandes, Yin, Neubig, Martins (2021), *Measuring and Increasing Context
+Usage in Context-Aware Machine Translation* (ACL), define the conditional
+cross-mutual information of the context ``C`` and the translation ``Y`` given
+the source ``X``, estimated with one model ``q`` that reads the context and the
+same model without it::
+
+    CXMI(C -> Y | X) = H_q(Y | X) - H_q(Y | X, C)
+                     ~ -(1/N) sum_i log [ q(y_i | x_i) / q(y_i | x_i, C_i) ]
+
+and its point-wise form per sentence or per target word (P-CXMI),
+``log q(y | x, C) - log q(y | x)``; Fernandes et al. (2023), *When Does
+Translation Require Context?* (ACL), rank words by P-CXMI to find the
+phenomena that need context.
+
+Here, for one checkpoint and one binarized split with document ids:
+
+``lp_true[i, t]``
+    ``log q(y_t | y_<t, x_i, C_i)`` of every reference token (``</s>``
+    included) under teacher forcing, with the context the task builds in
+    training and validation (target context: the references);
+``lp_cond[i, t]``
+    the same under a comparison condition, the context changed in the one
+    place that builds it (the ``document_translation`` task's
+    :class:`~ctx_fairseq.data.document_dataset.DocumentContextDataset`, also
+    under ``--concat-context``):
+
+    * ``shuffled``, ``random``: the task's ``--context-ablation`` (another
+      document position's real context; random tokens in place of the context
+      words), seeded by the checkpoint's ``--seed``;
+    * ``none``: every sentence made a document of its own
+      (``DocumentTranslationTask.wrap`` with one document id per sentence), so each
+      gets the empty context the first sentence of a document gets; for
+      ``--concat-context`` the sentence alone.
+
+``P-CXMI(t) = lp_true[i, t] - lp_cond[i, t]`` per token; a word's P-CXMI is the
+sum over its subword tokens (the log-probability of the word);
+``cxmi = sum P-CXMI / target tokens`` (nats per target token; ``cxmi_sentence``
+divides by the sentences instead, the paper's normalisation). Positive: the
+true context makes the reference more likely.
+
+A model trained without context dropout sees ``none`` out of distribution for
+every sentence but a document's first (``prev`` context): its ``none`` number
+mixes context use with that shift, so ``shuffled`` (real, fluent, wrong
+context) is printed beside it and is the number to report.
+
+Every condition is one pass over the task's own batches
+(``task.get_batch_iterator``: the dataset's ``batch_by_size``, ``--max-tokens``
+counting the context); tensors stay on the model's device and the per-token
+log-probabilities of all batches are moved to the host once, after the loop.
+Each reference token scored is checked against the split's target sentence
+(the same tokens under every condition), and every sentence is scored once.
+
+Refused with a clear error (never a number): a sentence-level checkpoint (no
+context to remove), a split without ``{split}.docids``, and models with a
+document memory (``--document-memory``, ``transformer_selective_doc``), whose
+dataset cannot build a shuffled or empty memory yet.
+
+Outputs (written whole or not at all) in ``--out DIR``: ``cxmi.json`` (per
+condition ``cxmi``, ``tokens`` and the rest), ``cxmi.md``, ``tokens.jsonl``
+(one line per reference word: document, sentence, position, the BPE-merged
+word, P-CXMI per condition), ``cxmi_hist.png`` (per-word P-CXMI) and
+``cxmi_by_position.png`` (P-CXMI per token by sentence position in the
+document). Word classes: :mod:`ctx_fairseq.eval.word_classes`.
+"""
+
+import argparse
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ctx_fairseq.eval.word_classes import (LANGUAGES, classes_for, load_word_classes,
+                                           normalise)
+
+logger = logging.getLogger(__name__)
+
+CONDITIONS = ("none", "shuffled", "random")
+
+__all__ = ["CONDITIONS", "CXMIError", "batch_logprobs", "token_logprobs", "condition_dataset", "merge_words",
+           "compute_cxmi", "write_outputs", "cli_main"]
+
+
+class CXMIError(ValueError):
+    """The checkpoint or the split cannot be measured (sentence-level model,
+    no document ids, document memory)."""
+
+
+# ----------------------------------------------------------------- checkpoint
+def load(path: str, data: str, cuda: bool):
+    """``(model, task, cfg)`` restored as the contrastive scorer restores them
+    (:func:`ctx_fairseq.eval.contrastive.load_checkpoint`), checked."""
+    from ctx_fairseq.eval.contrastive import _uses_context, load_checkpoint
+
+    model, task, cfg = load_checkpoint(path, data, "none", cuda=cuda)
+    if not _uses_context(task):
+        name = getattr(task.cfg, "_name", None) or type(task).__name__
+        raise CXMIError(
+            f"{path} is a sentence-level checkpoint (task {name}, no source or target "
+            "context): CXMI compares a model with and without its context, and this one has "
+            "none to remove. Give a checkpoint trained with --task document_translation and "
+            "context (or --concat-context)")
+    if task.cfg.document_memory:
+        raise CXMIError(
+            f"{path} reads a document memory (--document-memory, e.g. transformer_selective_doc):"
+            " ctx-cxmi does not support it yet. The conditions need the document task's "
+            "DocumentContextDataset to build, for a memory model, a shuffled memory (another "
+            "document's) and an empty one (none); today it refuses --context-ablation with "
+            "--document-memory. No number is given rather than a wrong one")
+    return model, task, cfg
+
+
+@contextlib.contextmanager
+def _ablation(task, value: str):
+    old = task.cfg.context_ablation
+    task.cfg.context_ablation = value
+    try:
+        yield
+    finally:
+        task.cfg.context_ablation = old
+
+
+def condition_dataset(task, split: str, condition: str):
+    """The split's dataset as the task builds it, with the true context
+    (``true``), an ablation (``shuffled``, ``random``), or no context
+    (``none``: one document per sentence)."""
+    if condition not in ("true",) + CONDITIONS:
+        raise ValueError(f"unknown condition {condition!r}; expected one of {CONDITIONS}")
+    from ctx_fairseq.data.document_dataset import DocumentIdError
+
+    with _ablation(task, "none" if condition in ("true", "none") else condition):
+        try:
+            task.load_dataset(split)
+        except DocumentIdError as err:
+            raise CXMIError(f"split {split!r}: {err}. CXMI needs documents (the true context "
+                            "comes from them)") from None
+        except FileNotFoundError as err:
+            raise CXMIError(f"split {split!r}: {err}") from None
+        ds = task.datasets[split]
+        if condition != "none":
+            return ds
+        ids = [f"{d}#{i}" for i, d in enumerate(np.asarray(ds.doc_names)[ds.doc_index])]
+        return task.wrap(ds.base, ids, f"{ds.docids_path} (none: each sentence its own "
+                                       "document)")
+
+
+def _has_context(ds) -> np.ndarray:
+    """Per sentence: does the dataset give it any context?"""
+    inner = getattr(ds, "inner", ds)
+    out = np.zeros(len(ds), dtype=bool)
+    for length in inner.context_length.values():
+        out |= np.asarray(length) > 0
+    return out
+
+
+# -------------------------------------------------------------------- scoring
+def batch_logprobs(model, sample: Dict, device) -> torch.Tensor:
+    """``B x T`` float32 log-probabilities of ``sample["target"]`` on ``device``
+    (the model's ``get_normalized_probs`` of one forward pass, as fairseq's
+    validation computes them); no host read."""
+    from fairseq import utils
+
+    net_input = utils.apply_to_sample(lambda t: t.to(device), sample["net_input"])
+    lprobs = model.get_normalized_probs(model(**net_input), log_probs=True)
+    target = sample["target"].to(device)
+    return lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()
+
+
+@torch.no_grad()
+def token_logprobs(model, task, ds, max_tokens: Optional[int] = None,
+                   batch_size: Optional[int] = None) -> List[np.ndarray]:
+    """Per sentence (dataset index) the log-probabilities (float64) of its
+    reference tokens, ``</s>`` included, under teacher forcing: one pass over
+    the task's batches, one host read at the end."""
+    from fairseq import utils
+
+    model.eval()
+    device = next(model.parameters()).device
+    pad = task.target_dictionary.pad()
+    itr = task.get_batch_iterator(
+        dataset=ds, max_tokens=max_tokens, max_sentences=batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=False, num_workers=0, disable_iterator_cache=True,
+    ).next_epoch_itr(shuffle=False)
+    pieces: List[torch.Tensor] = []
+    meta = []  # host-side: ids, target, the mask of the current sentence's tokens
+    for sample in itr:
+        if not sample:
+            continue
+        pieces.append(batch_logprobs(model, sample, device).reshape(-1))
+        target = sample["target"]
+        keep = target.ne(pad).numpy()
+        if "target_prefix_len" in sample:  # concatenation: the current sentence only
+            cols = np.arange(target.size(1))[None, :]
+            keep &= cols >= sample["target_prefix_len"].numpy()[:, None]
+        meta.append((sample["id"].numpy(), target.numpy(), keep))
+    flat = (torch.cat(pieces).cpu().numpy().astype(np.float64) if pieces
+            else np.zeros(0))  # the one host read
+    n = len(ds)
+    out: List[Optional[np.ndarray]] = [None] * n
+    base = ds.base
+    at = 0
+    for ids, target, keep in meta:
+        rows = flat[at:at + target.size].reshape(target.shape)
+        at += target.size
+        for r, i in enumerate(ids.tolist()):
+            if out[i] is not None:
+                raise RuntimeError(f"sentence {i} was scored twice")
+            ref = base.tgt[i].numpy()
+            got = target[r][keep[r]]
+            if not np.array_equal(got, ref):
+                raise RuntimeError(f"sentence {i}: the scored target tokens {got.tolist()} are "
+                                   f"not the reference {ref.tolist()}")
+            out[i] = rows[r][keep[r]]
+    missing = [i for i, v in enumerate(out) if v is None]
+    if missing:
+        raise RuntimeError(f"{len(missing)} sentence(s) were not scored (first: {missing[:5]})")
+    bad = [i for i, v in enumerate(out) if not np.isfinite(v).all()]
+    if bad:
+        raise RuntimeError(f"non-finite log-probabilities in {len(bad)} sentence(s) (first: "
+                           f"{bad[:5]}); refusing to report CXMI")
+    return out  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------- words
+def merge_words(symbols: Sequence[str], bpe: Optional[str] = None) -> List[tuple]:
+    """``[(word, start, end)]``: the BPE-merged words of a token sequence, each
+    covering ``symbols[start:end]``. ``subword_nmt`` style (``@@`` ends a
+    non-final piece) unless ``bpe`` is ``sentencepiece`` (``▁`` starts a
+    word). ``</s>`` is a word of its own."""
+    words, cur, start = [], "", 0
+    if bpe == "sentencepiece":
+        for t, s in enumerate(symbols):
+            if s == "</s>" or s.startswith("\u2581") or t == 0:
+                if t > start:
+                    words.append((cur, start, t))
+                cur, start = ("</s>" if s == "</s>" else s.lstrip("\u2581")), t
+                if s == "</s>":
+                    words.append((cur, t, t + 1))
+                    cur, start = "", t + 1
+            else:
+                cur += s
+        if start < len(symbols):
+            words.append((cur, start, len(symbols)))
+        return words
+    for t, s in enumerate(symbols):
+        if s.endswith("@@"):
+            cur += s[:-2]
+            continue
+        words.append((cur + s, start, t + 1))
+        cur, start = "", t + 1
+    if cur:  # a dangling piece
+        words.append((cur, start, len(symbols)))
+    return words
+
+
+def _bpe_name(cfg) -> Optional[str]:
+    bpe = cfg.get("bpe") if hasattr(cfg, "get") else getattr(cfg, "bpe", None)
+    if bpe is None:
+        return None
+    return bpe.get("_name") if hasattr(bpe, "get") else str(bpe)
+
+
+# -------------------------------------------------------------------- compute
+def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = CONDITIONS,
+                 max_tokens: Optional[int] = 4096, batch_size: Optional[int] = None,
+                 lang: Optional[str] = None, word_classes: Optional[Dict[str, List[str]]] = None,
+                 top: int = 20, min_count: int = 3):
+    """``(result, words)``: the summary (``cxmi.json``) and one record per
+    reference word (``tokens.jsonl``)."""
+    conditions = list(dict.fromkeys(conditions))
+    for c in conditions:
+        if c not in CONDITIONS:
+            raise ValueError(f"--conditions: unknown condition {c!r}; expected some of "
+                             f"{','.join(CONDITIONS)}")
+    if not conditions:
+        raise ValueError("--conditions: give at least one of " + ",".join(CONDITIONS))
+    notes = []
+    if "none" in conditions and "shuffled" not in conditions:
+        conditions.append("shuffled")
+        notes.append("shuffled added beside none (see the note on none)")
+    true_ds = condition_dataset(task, split, "true")
+    lp = {"true": token_logprobs(model, task, true_ds, max_tokens, batch_size)}
+    for c in conditions:
+        lp[c] = token_logprobs(model, task, condition_dataset(task, split, c), max_tokens,
+                               batch_size)
+    has_ctx = _has_context(true_ds)
+    n = len(true_ds)
+    counts = np.array([len(v) for v in lp["true"]], dtype=np.int64)
+    tokens = int(counts.sum())
+    if tokens == 0:
+        raise CXMIError(f"split {split!r} has no target tokens")
+    sums = {k: np.array([v.sum() for v in lp[k]]) for k in lp}
+
+    result = collections.OrderedDict()
+    result["split"] = split
+    result["sentences"] = n
+    result["documents"] = len(true_ds.doc_start)
+    result["tokens"] = tokens
+    result["sentences_with_context"] = int(has_ctx.sum())
+    result["logprob_true_per_token"] = float(sums["true"].sum() / tokens)
+    tgt_lang = getattr(task.cfg, "target_lang", None)
+    trained_dropout = float(getattr(task.cfg, "context_dropout", 0.0) or 0.0)
+    result["context_dropout"] = trained_dropout
+    result["seed"] = int(task.cfg.seed)
+    for c in conditions:
+        diff = sums["true"] - sums[c]
+        entry = collections.OrderedDict()
+        entry["cxmi"] = float(diff.sum() / tokens)
+        entry["tokens"] = tokens
+        entry["sentences"] = n
+        entry["cxmi_sentence"] = float(diff.sum() / n)
+        t_ctx = int(counts[has_ctx].sum())
+        entry["cxmi_sentences_with_context"] = (float(diff[has_ctx].sum() / t_ctx) if t_ctx
+                                                else None)
+        entry["tokens_sentences_with_context"] = t_ctx
+        entry["logprob_per_token"] = float(sums[c].sum() / tokens)
+        entry["sentences_better_with_context"] = int((diff > 0).sum())
+        entry["sentences_worse_with_context"] = int((diff < 0).sum())
+        result[c] = entry
+    if "none" in conditions and trained_dropout <= 0:
+        sh = result["shuffled"]["cxmi"]
+        notes.append(
+            "none: the model was trained without context dropout, so 'no context' (empty "
+            "context, as a document's first sentence has) is out of distribution for the other "
+            f"sentences; CXMI against none {result['none']['cxmi']:.4f} mixes context use with "
+            f"that shift; against shuffled (real, wrong context) {sh:.4f} nats/token")
+    result["conditions"] = conditions
+    result["target"] = "reference tokens including </s> (teacher forcing); target context " \
+                       "from the references"
+
+    # words
+    d = task.target_dictionary
+    bpe = _bpe_name(cfg)
+    ds = true_ds
+    doc_names = np.asarray(ds.doc_names)
+    words = []
+    for i in range(n):
+        ref = ds.base.tgt[i].tolist()
+        symbols = [d[t] for t in ref]
+        for w, (word, a, b) in enumerate(merge_words(symbols, bpe)):
+            rec = collections.OrderedDict()
+            rec["doc"] = str(doc_names[ds.doc_index[i]])
+            rec["sentence"] = i
+            rec["sent_pos"] = int(ds.sent_pos[i])
+            rec["position"] = w
+            rec["word"] = word
+            rec["tokens"] = [a, b]
+            rec["logprob"] = float(lp["true"][i][a:b].sum())
+            rec["p_cxmi"] = {c: float(lp["true"][i][a:b].sum() - lp[c][i][a:b].sum())
+                             for c in conditions}
+            words.append(rec)
+
+    # top words by mean P-CXMI
+    by_word = collections.defaultdict(list)
+    for rec in words:
+        by_word[rec["word"]].append(rec)
+    result["top_words"] = {}
+    for c in conditions:
+        stats = [(w, len(rs), float(np.mean([r["p_cxmi"][c] for r in rs])))
+                 for w, rs in by_word.items() if len(rs) >= min_count]
+        stats.sort(key=lambda x: (-x[2], x[0]))
+        result["top_words"][c] = [{"word": w, "count": k, "mean_p_cxmi": m}
+                                  for w, k, m in stats[:top]]
+    result["top_words_min_count"] = min_count
+
+    # word classes
+    lang = lang or tgt_lang
+    table = classes_for(lang, word_classes)
+    result["word_class_lang"] = "--word-classes file" if word_classes else lang
+    if table is None:
+        result["word_classes"] = None
+        notes.append(f"no word list for target language {lang!r} (built in: "
+                     f"{', '.join(LANGUAGES)}; --lang or --word-classes FILE)")
+    else:
+        cls_of = [table.get(normalise(r["word"]), "other") for r in words]
+        result["word_classes"] = {}
+        for c in conditions:
+            groups = collections.OrderedDict()
+            for name in list(dict.fromkeys(table.values())) + ["other"]:
+                sel = [r for r, k in zip(words, cls_of) if k == name]
+                groups[name] = {
+                    "count": len(sel),
+                    "mean_p_cxmi": float(np.mean([r["p_cxmi"][c] for r in sel])) if sel else None,
+                    "words": sorted({r["word"] for r in sel}) if name != "other" else None}
+            result["word_classes"][c] = groups
+
+    # by sentence position in the document (P-CXMI per token)
+    pos = np.asarray(ds.sent_pos)
+    result["by_position"] = {}
+    for c in conditions:
+        diff = sums["true"] - sums[c]
+        rows = collections.OrderedDict()
+        for p in np.unique(pos).tolist():
+            m = pos == p
+            rows[str(p)] = {"sentences": int(m.sum()), "tokens": int(counts[m].sum()),
+                            "cxmi": float(diff[m].sum() / max(int(counts[m].sum()), 1))}
+        result["by_position"][c] = rows
+    result["notes"] = notes
+    return result, words
+
+
+# -------------------------------------------------------------------- outputs
+def format_result(result: Dict) -> str:
+    conds = result["conditions"]
+    lines = [f"split {result['split']}: {result['sentences']} sentences in "
+             f"{result['documents']} documents, {result['tokens']} target tokens, "
+             f"{result['sentences_with_context']} sentences with context",
+             "", "| condition | CXMI (nats/token) | CXMI (nats/sentence) | "
+                 "CXMI, sentences with context | log p / token | sentences better / worse |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for c in conds:
+        e = result[c]
+        wc = "-" if e["cxmi_sentences_with_context"] is None \
+            else f"{e['cxmi_sentences_with_context']:.4f}"
+        lines.append(f"| {c} | {e['cxmi']:.4f} | {e['cxmi_sentence']:.4f} | {wc} | "
+                     f"{e['logprob_per_token']:.4f} | {e['sentences_better_with_context']} / "
+                     f"{e['sentences_worse_with_context']} |")
+    lines.append(f"| (true context) | | | | {result['logprob_true_per_token']:.4f} | |")
+    for note in result["notes"]:
+        lines.append(f"\nnote: {note}")
+    if result.get("word_classes"):
+        lines += ["", f"P-CXMI per word by class ({result['word_class_lang']}):", "",
+                  "| class | count | " + " | ".join(conds) + " |",
+                  "|---|---:|" + "---:|" * len(conds)]
+        first = result["word_classes"][conds[0]]
+        for name, g in first.items():
+            vals = []
+            for c in conds:
+                m = result["word_classes"][c][name]["mean_p_cxmi"]
+                vals.append("-" if m is None else f"{m:.4f}")
+            lines.append(f"| {name} | {g['count']} | " + " | ".join(vals) + " |")
+    for c in conds:
+        tw = result["top_words"][c]
+        if not tw:
+            continue
+        lines += ["", f"top words by mean P-CXMI against {c} (count >= "
+                      f"{result['top_words_min_count']}):", "", "| word | count | mean |",
+                  "|---|---:|---:|"]
+        lines += [f"| {r['word']} | {r['count']} | {r['mean_p_cxmi']:.4f} |" for r in tw]
+    return "\n".join(lines)
+
+
+def _plots(result: Dict, words: List[Dict], hist_png: str, pos_png: str) -> None:
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conds = result["conditions"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for c in conds:
+        ax.hist([r["p_cxmi"][c] for r in words], bins=50, alpha=0.5, label=f"against {c}")
+    ax.set_xlabel("P-CXMI per word (nats)")
+    ax.set_ylabel("words")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.set_title(f"P-CXMI, split {result['split']}")
+    fig.tight_layout()
+    fig.savefig(hist_png, dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for c in conds:
+        rows = result["by_position"][c]
+        xs = [int(p) for p in rows]
+        ax.plot(xs, [rows[str(p)]["cxmi"] for p in xs], marker="o", label=f"against {c}")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xlabel("sentence position in the document (0 = first)")
+    ax.set_ylabel("CXMI (nats per target token)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"CXMI by position, split {result['split']}")
+    fig.tight_layout()
+    fig.savefig(pos_png, dpi=100)
+    plt.close(fig)
+
+
+OUTPUT_FILES = ("cxmi.json", "cxmi.md", "tokens.jsonl", "cxmi_hist.png", "cxmi_by_position.png")
+
+
+def write_outputs(result: Dict, words: List[Dict], out_dir: str) -> Dict[str, str]:
+    """Every output written into a temporary directory beside ``out_dir``,
+    then moved into place: nothing half-written on an error."""
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".cxmi.partial-", dir=out_dir)
+    try:
+        with open(os.path.join(tmp, "cxmi.json"), "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2, ensure_ascii=False)
+        with open(os.path.join(tmp, "cxmi.md"), "w", encoding="utf-8") as f:
+            f.write(format_result(result) + "\n")
+        with open(os.path.join(tmp, "tokens.jsonl"), "w", encoding="utf-8") as f:
+            for rec in words:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        _plots(result, words, os.path.join(tmp, "cxmi_hist.png"),
+               os.path.join(tmp, "cxmi_by_position.png"))
+        paths = {}
+        for name in OUTPUT_FILES:
+            paths[name] = os.path.join(out_dir, name)
+            os.replace(os.path.join(tmp, name), paths[name])
+        return paths
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------ CLI
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ctx-cxmi", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--path", required=True, help="checkpoint (document_translation with context)")
+    p.add_argument("--data", required=True, help="binarized data directory with {split}.docids")
+    p.add_argument("--split", default="test", help="split to measure (default: test)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--conditions", default="none,shuffled,random",
+                   help="comparison conditions, comma-separated, of " + ",".join(CONDITIONS)
+                        + " (default: all; none brings shuffled along)")
+    p.add_argument("--max-tokens", type=int, default=4096,
+                   help="padded tokens per batch, context included (default: 4096)")
+    p.add_argument("--batch-size", type=int, default=None, help="sentences per batch")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even if CUDA is there")
+    p.add_argument("--lang", default=None,
+                   help=f"word-class language ({', '.join(LANGUAGES)}; default: the target "
+                        "language of the checkpoint's task)")
+    p.add_argument("--word-classes", default=None,
+                   help='JSON {"class": ["word", ...]} replacing the built-in lists')
+    p.add_argument("--top", type=int, default=20, help="top words listed per condition")
+    p.add_argument("--min-count", type=int, default=3,
+                   help="words seen fewer times are left out of the top list (default: 3)")
+    return p
+
+
+def run(args) -> Dict:
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError("--max-tokens must be >= 1")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError("--batch-size must be >= 1")
+    conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    table = load_word_classes(args.word_classes) if args.word_classes else None
+    cuda = not args.cpu and torch.cuda.is_available()
+    model, task, cfg = load(args.path, args.data, cuda)
+    result, words = compute_cxmi(model, task, cfg, args.split, conditions,
+                                 max_tokens=args.max_tokens, batch_size=args.batch_size,
+                                 lang=args.lang, word_classes=table, top=args.top,
+                                 min_count=args.min_count)
+    result["checkpoint"] = args.path
+    result["device"] = "cuda" if cuda else "cpu"
+    result["paths"] = write_outputs(result, words, args.out)
+    return result
+
+
+def cli_main(argv=None) -> Dict:
+    p = get_parser()
+    args = p.parse_args(argv)
+    try:
+        result = run(args)
+    except (OSError, ValueError) as err:
+        p.error(str(err))
+    print(format_result(result))
+    print("\nwritten: " + ", ".join(result["paths"].values()))
+    return result
+
+
+if __name__ == "__main__":
+    cli_main(sys.argv[1:])

@@ -1,0 +1,272 @@
+"""ctx-cxmi: CXMI and P-CXMI (Fernandes et al. 2021) against no, shuffled and
+random context, checked against log-probabilities computed independently, one
+sentence at a time through the model's ``get_normalized_probs``."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from fairseq_cli_utils import TINY_MODEL_ARGS, train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CONDS = ["none", "shuffled", "random"]
+
+
+def _sentence_logprob(model, ds, i, edit=None):
+    """log p(reference of sentence i), its own batch of one; ``edit(sample)``
+    may change the batch first."""
+    sample = ds.collater([ds[i]])
+    if edit is not None:
+        edit(sample)
+    with torch.no_grad():
+        out = model(**sample["net_input"])
+        lp = model.get_normalized_probs(out, log_probs=True)
+    target = sample["target"]
+    tok = lp.gather(-1, target.unsqueeze(-1)).squeeze(-1).double()
+    keep = target.ne(ds.tgt_dict.pad())
+    if "target_prefix_len" in sample:
+        keep &= torch.arange(target.size(1)).unsqueeze(0) >= sample["target_prefix_len"][:, None]
+    return float(tok[keep].sum())
+
+
+@pytest.fixture(scope="module")
+def loaded(context_ckpt, toy_bin):
+    from ctx_fairseq.eval import cxmi
+
+    return cxmi.load(context_ckpt[0], toy_bin, cuda=False)
+
+
+@pytest.fixture(scope="module")
+def measured(loaded):
+    from ctx_fairseq.eval import cxmi
+
+    model, task, cfg = loaded
+    return cxmi.compute_cxmi(model, task, cfg, "test", CONDS, max_tokens=300, lang="de")
+
+
+def test_cxmi_equals_independent_logprobs(loaded, measured):
+    """cxmi = mean over target tokens of log p(y|x,C) - log p(y|x,C'), with
+    every log-probability recomputed sentence by sentence; none's input built
+    by hand (the batch's context replaced by an empty one)."""
+    from ctx_fairseq.eval import cxmi
+
+    model, task, cfg = loaded
+    result, words = measured
+    true_ds = cxmi.condition_dataset(task, "test", "true")
+    n = len(true_ds)
+    lens = np.array([len(true_ds.base.tgt[i]) for i in range(n)])
+    assert result["tokens"] == lens.sum() and result["sentences"] == n
+
+    def empty_context(sample):
+        ni = sample["net_input"]
+        ni["src_ctx_tokens"] = torch.full((1, 1), task.source_dictionary.pad())
+        ni["src_ctx_lengths"] = torch.zeros(1, dtype=torch.long)
+
+    true = np.array([_sentence_logprob(model, true_ds, i) for i in range(n)])
+    assert result["logprob_true_per_token"] == pytest.approx(true.sum() / lens.sum(), abs=1e-5)
+    for c in CONDS:
+        if c == "none":
+            other = np.array([_sentence_logprob(model, true_ds, i, empty_context)
+                              for i in range(n)])
+        else:
+            ds = cxmi.condition_dataset(task, "test", c)
+            other = np.array([_sentence_logprob(model, ds, i) for i in range(n)])
+        assert result[c]["tokens"] == lens.sum()
+        assert result[c]["cxmi"] == pytest.approx((true - other).sum() / lens.sum(), abs=1e-5)
+        assert result[c]["cxmi_sentence"] == pytest.approx((true - other).sum() / n, abs=1e-4)
+        # the first sentence of a document has no context under any condition
+        first = true_ds.sent_pos == 0
+        assert np.abs((true - other)[first]).max() < 1e-5
+        assert result["by_position"][c]["0"]["cxmi"] == pytest.approx(0.0, abs=1e-6)
+        # and the others do differ: the condition changed the input
+        assert np.abs((true - other)[~first]).max() > 1e-4
+        # per word: the words' P-CXMI add up to the sentence's
+        per_sentence = np.zeros(n)
+        for rec in words:
+            per_sentence[rec["sentence"]] += rec["p_cxmi"][c]
+        np.testing.assert_allclose(per_sentence, true - other, atol=1e-4)
+
+
+def test_outputs(measured, tmp_path):
+    from ctx_fairseq.eval import cxmi
+
+    result, words = measured
+    paths = cxmi.write_outputs(result, words, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted(cxmi.OUTPUT_FILES)
+    got = json.loads((tmp_path / "cxmi.json").read_text())
+    for c in CONDS:
+        assert set(got[c]) >= {"cxmi", "tokens", "cxmi_sentence"}
+        assert got["top_words"][c] and all(r["count"] >= 3 for r in got["top_words"][c])
+        means = [r["mean_p_cxmi"] for r in got["top_words"][c]]
+        assert means == sorted(means, reverse=True)
+        classes = got["word_classes"][c]
+        assert set(classes) == {"pronouns", "deictic", "other"}
+        assert sum(g["count"] for g in classes.values()) == len(words)
+    assert any("without context dropout" in n for n in got["notes"])
+    lines = [json.loads(x) for x in (tmp_path / "tokens.jsonl").read_text().splitlines()]
+    assert len(lines) == len(words)
+    assert set(lines[0]) >= {"doc", "sentence", "sent_pos", "position", "word", "p_cxmi"}
+    assert set(lines[0]["p_cxmi"]) == set(CONDS)
+    # the words are the reference's words, </s> included
+    first = [r["word"] for r in lines if r["sentence"] == 0]
+    assert first[-1] == "</s>"
+    pronouns = got["word_classes"]["shuffled"]["pronouns"]["words"]
+    assert set(pronouns) <= {"er", "sie", "es", "ihn", "ihm", "ihr", "ihnen", "wir", "ich", "du"}
+    md = (tmp_path / "cxmi.md").read_text()
+    assert "| shuffled |" in md and "note: none" in md
+    for png in ("cxmi_hist.png", "cxmi_by_position.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    assert paths["cxmi.json"] == str(tmp_path / "cxmi.json")
+
+
+def test_none_brings_shuffled_and_conditions_checked(loaded):
+    from ctx_fairseq.eval import cxmi
+
+    model, task, cfg = loaded
+    result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=300)
+    assert result["conditions"] == ["none", "shuffled"]
+    assert result["word_classes"] is None  # target language "tgt": no list
+    assert any("--word-classes" in n for n in result["notes"])
+    with pytest.raises(ValueError, match="unknown condition"):
+        cxmi.compute_cxmi(model, task, cfg, "test", ["wrong"])
+
+
+def test_batch_logprobs_adds_no_host_read(loaded):
+    """The per-batch work beyond the model's forward reads nothing back."""
+    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.host_reads import HostReadCounter
+
+    model, task, cfg = loaded
+    ds = cxmi.condition_dataset(task, "test", "true")
+    sample = ds.collater([ds[i] for i in range(8)])
+    with HostReadCounter() as bare, torch.no_grad():
+        model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
+    with HostReadCounter() as ours, torch.no_grad():
+        cxmi.batch_logprobs(model, sample, torch.device("cpu"))
+    assert ours.by_op == bare.by_op
+
+
+def test_batching_does_not_change_the_numbers(loaded, measured):
+    from ctx_fairseq.eval import cxmi
+
+    model, task, cfg = loaded
+    result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"], max_tokens=None,
+                                  batch_size=3)
+    assert result["shuffled"]["cxmi"] == pytest.approx(measured[0]["shuffled"]["cxmi"], abs=1e-5)
+
+
+def test_errors(sentence_ckpt, context_ckpt, toy_bin, tmp_path, monkeypatch):
+    from ctx_fairseq.eval import cxmi
+
+    with pytest.raises(cxmi.CXMIError, match="sentence-level checkpoint"):
+        cxmi.load(sentence_ckpt, toy_bin, cuda=False)
+    nodoc = tmp_path / "nodoc"
+    shutil.copytree(toy_bin, nodoc)
+    os.remove(nodoc / "test.docids")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit):
+        cxmi.cli_main(["--path", context_ckpt[0], "--data", str(nodoc), "--split", "test",
+                       "--out", str(out), "--cpu"])
+    assert not out.exists() or not os.listdir(out)
+    model, task, cfg = cxmi.load(context_ckpt[0], str(nodoc), cuda=False)
+    with pytest.raises(cxmi.CXMIError, match="document ids not found"):
+        cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
+    # nothing half-written: a failure while writing leaves no output
+    result, words = cxmi.compute_cxmi(*cxmi.load(context_ckpt[0], toy_bin, cuda=False), "test",
+                                      ["shuffled"])
+
+    def boom(*a, **k):
+        raise RuntimeError("plot failed")
+
+    monkeypatch.setattr(cxmi, "_plots", boom)
+    with pytest.raises(RuntimeError, match="plot failed"):
+        cxmi.write_outputs(result, words, str(out))
+    assert os.listdir(out) == []
+
+
+def test_document_memory_refused(selective_dec_ckpt, toy_bin):
+    from ctx_fairseq.eval import cxmi
+
+    with pytest.raises(cxmi.CXMIError, match="document memory.*--context-ablation"):
+        cxmi.load(selective_dec_ckpt, toy_bin, cuda=False)
+
+
+def test_cli(context_ckpt, toy_bin, tmp_path, capsys):
+    from ctx_fairseq.eval import cxmi
+
+    cxmi.cli_main(["--path", context_ckpt[0], "--data", toy_bin, "--split", "valid",
+                   "--out", str(tmp_path), "--cpu", "--conditions", "shuffled",
+                   "--max-tokens", "400", "--lang", "de"])
+    got = json.loads((tmp_path / "cxmi.json").read_text())
+    assert got["conditions"] == ["shuffled"] and got["split"] == "valid"
+    assert "| shuffled |" in capsys.readouterr().out
+
+
+def test_merge_words():
+    from ctx_fairseq.eval.cxmi import merge_words
+
+    assert merge_words(["a@@", "b", "c", "</s>"]) == [("ab", 0, 2), ("c", 2, 3), ("</s>", 3, 4)]
+    assert merge_words(["\u2581ab", "c", "\u2581d", "</s>"], "sentencepiece") == \
+        [("abc", 0, 2), ("d", 2, 3), ("</s>", 3, 4)]
+
+
+def test_word_lists():
+    from ctx_fairseq.eval.word_classes import LANGUAGES, classes_for, normalise
+
+    assert set(LANGUAGES) == {"en", "de", "fr", "ru", "zh"}
+    for lang in LANGUAGES:
+        table = classes_for(lang)  # raises if a word is in two classes
+        assert set(table.values()) == {"pronouns", "deictic"}
+    assert classes_for("ru")[normalise("Её")] == "pronouns"
+    assert classes_for("xx") is None
+    with pytest.raises(ValueError, match="both"):
+        classes_for(None, {"a": ["x"], "b": ["X"]})
+
+
+# ------------------------------------------------------------- architectures
+ARCHS = {
+    "transformer_han": ["--arch", "transformer_han", "--task", "document_translation",
+                        "--source-context-size", "2", "--target-context-size", "2",
+                        "--han-context-sentences", "2"],
+    "transformer_doc_zhang2018": ["--arch", "transformer_doc_zhang2018", "--task",
+                                  "document_translation", "--source-context-size", "2"],
+    "concat_2to2": ["--arch", "transformer", "--task", "document_translation",
+                    "--concat-context", "--source-context-size", "1",
+                    "--target-context-size", "1"],
+}
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_every_context_architecture(name, toy_bin, tmp_path):
+    """Each context architecture without a document memory: all conditions,
+    checked against sentence-by-sentence log-probabilities (concatenation's
+    none: the model run on the sentence alone, a sentence-level batch)."""
+    from ctx_fairseq.eval import cxmi
+
+    save = str(tmp_path / "ckpt")
+    train([toy_bin, *ARCHS[name], *TINY_MODEL_ARGS, "--share-all-embeddings", "--optimizer",
+           "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "2", "--save-dir", save,
+           "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
+           "--disable-validation"])
+    model, task, cfg = cxmi.load(os.path.join(save, "checkpoint_last.pt"), toy_bin, cuda=False)
+    result, words = cxmi.compute_cxmi(model, task, cfg, "test", CONDS, max_tokens=400)
+    true_ds = cxmi.condition_dataset(task, "test", "true")
+    n = len(true_ds)
+    true = np.array([_sentence_logprob(model, true_ds, i) for i in range(n)])
+    tokens = sum(len(true_ds.base.tgt[i]) for i in range(n))
+    for c in CONDS:
+        if c == "none" and name.startswith("concat"):
+            base = true_ds.base
+            other = np.array([_sentence_logprob(model, base, i) for i in range(n)])
+        else:
+            ds = cxmi.condition_dataset(task, "test", c)
+            other = np.array([_sentence_logprob(model, ds, i) for i in range(n)])
+        assert result[c]["cxmi"] == pytest.approx((true - other).sum() / tokens, abs=1e-5)
+        assert result["by_position"][c]["0"]["cxmi"] == pytest.approx(0.0, abs=1e-6)
+    write = cxmi.write_outputs(result, words, str(tmp_path / "out"))
+    assert os.path.exists(write["tokens.jsonl"])
