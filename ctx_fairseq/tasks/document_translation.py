@@ -212,6 +212,18 @@ def model_context_layout(model) -> Dict[str, str]:
     return normalise_context_layout(getattr(model, "context_layout", None))
 
 
+def _to_device(sample: Dict, device: torch.device) -> Dict:
+    """Every tensor of a (re-)collated batch on ``device``, the device of the
+    batch fairseq handed the task (fairseq-generate and fairseq-interactive
+    move the whole batch, ``id`` and ``target`` included, to the GPU: a tensor
+    left on the CPU meets GPU indices in the generator)."""
+    return utils.apply_to_sample(lambda t: t.to(device), sample)
+
+
+def _batch_device(sample: Dict) -> torch.device:
+    return sample["net_input"]["src_tokens"].device
+
+
 def _select_rows(sample: Dict, rows: Sequence[int]) -> Dict:
     """The rows ``rows`` of a collated batch (every tensor whose first
     dimension is the batch)."""
@@ -228,6 +240,21 @@ def _select_rows(sample: Dict, rows: Sequence[int]) -> Dict:
     out = {k: pick(v) for k, v in sample.items()}
     out["nsentences"] = len(rows)
     return out
+
+
+def _best_tokens_on_cpu(hypos: List[List[dict]]) -> List[torch.Tensor]:
+    """The best hypothesis's tokens of every sentence, on the CPU, read back
+    from the device in one copy per batch (not one per sentence): padded into
+    one tensor on the device, copied, split by the lengths (shapes, known on
+    the host)."""
+    best = [row[0]["tokens"].detach().long() for row in hypos]
+    if not best:
+        return []
+    if all(t.device.type == "cpu" for t in best):
+        return best
+    lengths = [int(t.numel()) for t in best]
+    flat = torch.cat(best).cpu()
+    return list(torch.split(flat, lengths))
 
 
 class InteractiveDocumentView(FairseqDataset):
@@ -625,11 +652,10 @@ class DocumentTranslationTask(TranslationTask):
         if not torch.equal(batch["net_input"]["src_tokens"], given.cpu()):
             raise RuntimeError("document_translation: fairseq-interactive ran a batch other than "
                                "the one expected; cannot attach its context")
-        net_input = {k: (v.to(given.device) if torch.is_tensor(v) else v)
-                     for k, v in batch["net_input"].items()}
+        moved = _to_device({"net_input": batch["net_input"], "id": batch["id"]}, given.device)
         restored = dict(sample)
-        restored["net_input"] = net_input
-        restored["id"] = batch["id"]
+        restored["net_input"] = moved["net_input"]
+        restored["id"] = moved["id"]
         restored["_view"] = view
         return restored
 
@@ -712,7 +738,7 @@ class DocumentTranslationTask(TranslationTask):
         pos = inner.sent_pos[ids]
         order = np.argsort(pos, kind="stable")
         cuts = np.flatnonzero(np.diff(pos[order])) + 1
-        device = sample["net_input"]["src_tokens"].device
+        device = _batch_device(sample)
         out: Dict[int, list] = {}
         for rows in np.split(order, cuts):
             group = ids[rows].tolist()
@@ -724,15 +750,15 @@ class DocumentTranslationTask(TranslationTask):
                         "order (the task batches whole documents; do not use --num-shards or "
                         "--shard-id that split documents)")
             one = ds.collater([ds[i] for i in group])
-            one["net_input"] = {k: (v.to(device) if torch.is_tensor(v) else v)
-                                for k, v in one["net_input"].items()}
+            one_ids = one["id"].tolist()  # the collater's order (still on the CPU: no read)
+            one = _to_device(one, device)
             if self.cfg.concat_context:
                 hyps = self._concat_step(generator, models, one, None, None)
             else:
                 hyps = super().inference_step(generator, models, one, None, None)
-            for i, h in zip(one["id"].tolist(), hyps):
+            for i, h, best in zip(one_ids, hyps, _best_tokens_on_cpu(hyps)):
                 out[int(i)] = h
-                ds.set_target_context(int(i), h[0]["tokens"].detach().long().cpu())
+                ds.set_target_context(int(i), best)
                 state.done(int(i))
         return [out[int(i)] for i in ids]
 
@@ -744,15 +770,13 @@ class DocumentTranslationTask(TranslationTask):
         (``set_target_context``: the context lengths of the sentences that
         read it are updated, nothing else)."""
         st, full = self._interactive, view.full
-        device = sample["net_input"]["src_tokens"].device
+        device = _batch_device(sample)
         lines = [int(i) for i in sample["id"].tolist()]
         rows = sorted(range(len(lines)), key=lambda r: int(view.line_to_full[lines[r]]))
         out = [None] * len(lines)
         for r in rows:
             f = int(view.line_to_full[lines[r]])
-            one = view.collater([view[lines[r]]])
-            one["net_input"] = {k: (v.to(device) if torch.is_tensor(v) else v)
-                                for k, v in one["net_input"].items()}
+            one = _to_device(view.collater([view[lines[r]]]), device)
             hyp = super().inference_step(
                 generator, models, one,
                 prefix_tokens[r:r + 1] if prefix_tokens is not None else None,

@@ -1,0 +1,194 @@
+"""Issue 18, defect 1: the batches the task re-collates at generation
+(``--own-target-context``, fairseq-interactive with context, ``--score-reference``)
+reach the generator with every tensor on the device of the batch fairseq gave
+the task. On CUDA a re-collated batch whose ``id`` (or ``target``) stayed on
+the CPU failed inside fairseq's generator; here the GPU is simulated on the
+CPU (``tests/other_device.py``): the batch is put on another device, the
+generator asserts that everything it gets is there, and the translations
+equal those of the plain CPU run."""
+
+import numpy as np
+import pytest
+import torch
+
+from fairseq_cli_utils import TINY_MODEL_ARGS
+from other_device import OtherDeviceMode, checked_generator, to_other
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+OWN = ["--task", "document_translation", "--own-target-context"]
+CASES = {
+    "concat": ("transformer", OWN + ["--concat-context", "--source-context-size", "1",
+                                     "--target-context-size", "1"]),
+    "han": ("transformer_han", OWN + ["--source-context-size", "3", "--target-context-size", "3"]),
+    "selective_dec": ("transformer_selective_doc_dec",
+                      OWN + ["--document-context", "online", "--document-memory",
+                             "--target-context-size", "1"]),
+}
+
+
+def _task_and_model(toy_bin, arch, task_args, model=None):
+    from fairseq import options, tasks
+
+    import ctx_fairseq  # noqa: F401
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        toy_bin, "--arch", arch, *TINY_MODEL_ARGS, "--share-all-embeddings", "--dropout", "0",
+        *task_args])
+    task = tasks.setup_task(args)
+    if model is None:
+        torch.manual_seed(0)
+        model = task.build_model(args).eval()
+    task.load_dataset("test", task_cfg=task.cfg)  # as fairseq-generate loads it
+    return task, model
+
+
+def _generator(task, model, gen_args):
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_generation_parser(), ["/dev/null", *gen_args])
+    return task.build_generator([model], convert_namespace_to_omegaconf(args).generation)
+
+
+def _batches(task, model, max_tokens=600):
+    from fairseq import utils
+
+    itr = task.get_batch_iterator(
+        dataset=task.dataset("test"), max_tokens=max_tokens,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        num_workers=0).next_epoch_itr(shuffle=False)
+    return list(itr)
+
+
+def _cpu(x):
+    return x.cpu() if torch.is_tensor(x) else x
+
+
+def _translate(toy_bin, arch, task_args, gen_args, other, model=None):
+    """``{id: (tokens, score)}`` of the best hypotheses, the batches given to
+    the task on ``OTHER`` (``other``) or on the CPU."""
+    task, model = _task_and_model(toy_bin, arch, task_args, model)
+    gen = _generator(task, model, gen_args)
+    calls = []
+    if other:
+        checked_generator(gen, calls)
+    out = {}
+    with torch.no_grad():
+        for sample in _batches(task, model):
+            ids = sample["id"].tolist()
+            if other:
+                with OtherDeviceMode():
+                    hyps = task.inference_step(gen, [model], to_other(sample))
+            else:
+                hyps = task.inference_step(gen, [model], sample)
+            for i, h in zip(ids, hyps):
+                out[i] = (_cpu(h[0]["tokens"]).tolist(), float(_cpu(h[0]["score"])))
+    return out, model, calls
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_own_target_context_batches_stay_on_the_device(toy_bin, case):
+    arch, task_args = CASES[case]
+    gen = ["--beam", "2", "--max-len-b", "4"]
+    on_other, model, calls = _translate(toy_bin, arch, task_args, gen, other=True)
+    on_cpu, _, _ = _translate(toy_bin, arch, task_args, gen, other=False, model=model)
+    assert calls and sorted(on_other) == sorted(on_cpu) and len(on_cpu) == 48
+    for i in on_cpu:
+        assert on_other[i][0] == on_cpu[i][0], i
+        assert on_other[i][1] == pytest.approx(on_cpu[i][1], abs=1e-5), i
+
+
+def test_score_reference_with_own_target_context_stays_on_the_device(toy_bin):
+    """fairseq's scorer reads ``target``: a re-collated batch must carry it on
+    the device too."""
+    arch, task_args = CASES["selective_dec"]
+    gen = ["--score-reference"]
+    on_other, model, calls = _translate(toy_bin, arch, task_args, gen, other=True)
+    on_cpu, _, _ = _translate(toy_bin, arch, task_args, gen, other=False, model=model)
+    assert calls and on_other.keys() == on_cpu.keys()
+    for i in on_cpu:
+        assert on_other[i][0] == on_cpu[i][0]
+        assert on_other[i][1] == pytest.approx(on_cpu[i][1], abs=1e-5)
+
+
+@pytest.mark.parametrize("target_context", [0, 1])
+def test_interactive_batches_of_several_sentences_stay_on_the_device(toy_bin, toy_corpus,
+                                                                      target_context):
+    """fairseq-interactive hands the task a batch of source tokens only (on
+    the GPU); the task restores its context inputs and ``id`` (two or more
+    sentences per batch; with target context, one sentence at a time)."""
+    import os
+
+    if target_context:
+        arch = "transformer_selective_doc_dec"
+        task_args = ["--task", "document_translation", "--document-context", "online",
+                     "--document-memory", "--target-context-size", "1"]
+    else:
+        arch, task_args = "transformer_context_aware", ["--task", "document_translation",
+                                                        "--source-context-size", "1"]
+    src = open(os.path.join(toy_corpus, "test.src")).read().splitlines()[:4]
+
+    def run(other, model=None):
+        from fairseq import options, tasks
+
+        import ctx_fairseq  # noqa: F401
+
+        args = options.parse_args_and_arch(options.get_training_parser(), [
+            toy_bin, "--arch", arch, *TINY_MODEL_ARGS, "--share-all-embeddings", "--dropout",
+            "0", *task_args])
+        task = tasks.setup_task(args)
+        if model is None:
+            torch.manual_seed(0)
+            model = task.build_model(args).eval()
+        gen = _generator(task, model, ["--beam", "2", "--max-len-b", "5"])
+        calls = []
+        if other:
+            checked_generator(gen, calls)
+        d = task.source_dictionary
+        tokens = [d.encode_line(s, add_if_not_exist=False).long() for s in src]
+        ds = task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
+        itr = task.get_batch_iterator(dataset=ds, max_sentences=4,
+                                      num_workers=0).next_epoch_itr(shuffle=False)
+        out = {}
+        with torch.no_grad():
+            for batch in itr:
+                # what fairseq-interactive hands the task: the source tokens only
+                sample = {"net_input": {"src_tokens": batch["net_input"]["src_tokens"],
+                                        "src_lengths": batch["net_input"]["src_lengths"]}}
+                if other:
+                    with OtherDeviceMode():
+                        hyps = task.inference_step(gen, [model], to_other(sample))
+                else:
+                    hyps = task.inference_step(gen, [model], sample)
+                for i, h in zip(batch["id"].tolist(), hyps):
+                    out[i] = _cpu(h[0]["tokens"]).tolist()
+        return out, model, calls
+
+    on_other, model, calls = run(True)
+    on_cpu, _, _ = run(False, model)
+    assert on_other == on_cpu and sorted(on_cpu) == [0, 1, 2, 3]
+    assert max(len(c) for c in calls) == (1 if target_context else 4)
+
+
+def test_the_simulated_device_catches_a_cpu_tensor():
+    """The check itself: a batch with ``id`` left on the CPU is refused, and a
+    CPU tensor indexed by device indices raises as on CUDA."""
+    from other_device import OTHER
+
+    class Gen:
+        def generate(self, models, sample, prefix_tokens=None, constraints=None):
+            return []
+
+    gen = checked_generator(Gen())
+    sample = to_other({"id": torch.arange(2), "net_input": {"src_tokens": torch.ones(2, 3)}})
+    gen.generate(None, sample)
+    sample["id"] = torch.arange(2)
+    with pytest.raises(AssertionError, match=r"sample\['id'\]"):
+        gen.generate(None, sample)
+    with OtherDeviceMode():
+        idx = torch.tensor([1]).to(OTHER)
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.arange(3)[idx]
+        assert torch.arange(3).to(OTHER)[torch.tensor([1])].tolist() == [1]
+        assert np.array_equal(torch.arange(3).to(OTHER).cpu().numpy(), np.arange(3))
