@@ -611,10 +611,24 @@ def test_shared_memory_reuses_the_query_encodings(left_pad_source, monkeypatch):
         q = q["encoder_out"][0]
         monkeypatch.setattr(TransformerEncoderBase, "forward_scriptable", spy)
         shared, tok1 = model.encoder.memory_states(ni["src_tokens"], q, doc)
+        # without the collater's index tensors: computed from query_mem_row
         separate, tok2 = model.encoder.memory_states(
-            ni["src_tokens"], q, dict(doc, query_mem_row=torch.full_like(rows, -1)))
-    S = ni["mem_src_tokens"].size(0)
-    assert encoded == [S - rows.numel(), S]  # only the memory rows that are not queries
+            ni["src_tokens"], q, dict(doc, query_mem_row=torch.full_like(rows, -1),
+                                      mem_state_index=None, mem_extra_rows=None))
+        S = ni["mem_src_tokens"].size(0)
+        assert encoded == [S - rows.numel(), S]  # only the memory rows that are not queries
+        # the model's forward encodes the batch and those rows in one call, and the
+        # batch's encoder output is the one of the batch alone
+        encoded.clear()
+        out = model.encoder.forward_scriptable(ni["src_tokens"], ni["src_lengths"])
+        both, _ = model.encoder._encode_with_memory(ni["src_tokens"], ni["src_lengths"], doc,
+                                                    False)
+        assert encoded == [rows.numel(), S]
+        for k in ("encoder_out", "encoder_padding_mask", "encoder_embedding"):
+            assert both[k][0].shape == out[k][0].shape
+        assert torch.equal(both["encoder_padding_mask"][0], out["encoder_padding_mask"][0])
+        pad = out["encoder_padding_mask"][0].t()
+        assert (both["encoder_out"][0] - out["encoder_out"][0])[~pad].abs().max() < 1e-10
     assert torch.equal(tok1, tok2)
     words = tok1.ne(d.pad()).t()  # W x S
     assert shared.shape == separate.shape == (tok1.size(1), S, 32)

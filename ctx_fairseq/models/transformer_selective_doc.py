@@ -177,7 +177,8 @@ __all__ = ["TransformerSelectiveDocModel", "SelectiveDocEncoder", "SelectiveDocD
 
 MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "mem_doc",
                "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
-               "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask")
+               "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask",
+               "mem_doc_rows", "mem_doc_valid", "mem_state_index", "mem_extra_rows")
 #: follow the beam (one row per query sentence); every other key is per document
 QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
 #: frozen memory: padded tokens per no-grad forward of the frozen model
@@ -214,6 +215,20 @@ def _trim(tokens: Tensor, real: Tensor) -> Tuple[Tensor, Tensor]:
     """Drop the columns that are padding in every row (padding is on one side)."""
     cols = real.any(0)
     return tokens[:, cols], real[:, cols]
+
+
+def _state_index(query_mem_row: Tensor, S: int) -> Tuple[Tensor, Tensor]:
+    """What the collater gives as ``mem_state_index``/``mem_extra_rows`` (see
+    ``DocumentContextDataset.collate_memory``), computed from ``query_mem_row``
+    for inputs built without them (one host read per batch)."""
+    row = query_mem_row.cpu()
+    source = torch.full((S,), -1, dtype=torch.long)
+    qb = (row >= 0).nonzero().squeeze(1)
+    source[row[qb]] = qb
+    extra = (source < 0).nonzero().squeeze(1)
+    source[extra] = row.numel() + torch.arange(extra.numel())
+    dev = query_mem_row.device
+    return source.to(dev), extra.to(dev)
 
 
 def _row_chunks(n: int, width: int, chunk_tokens: int) -> List[Tuple[int, int]]:
@@ -290,8 +305,49 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         self.record_statistics = False
         self.last_info: Optional[Dict[str, Tensor]] = None
 
+    def _state_index(self, doc: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+        source, extra = doc.get("mem_state_index"), doc.get("mem_extra_rows")
+        if source is None or extra is None:
+            source, extra = _state_index(doc["query_mem_row"], doc["mem_src_tokens"].size(0))
+        return source, extra
+
+    def _encode_with_memory(self, src_tokens: Tensor, src_lengths: Tensor,
+                            doc: Dict[str, Tensor], return_all_hiddens: bool):
+        """Shared memory: the batch's sources and the memory sentences that are
+        no query of the batch (``mem_extra_rows``) in one encoder call (one
+        set of fairseq's per-call host reads), padded to a common width.
+        Returns fairseq's encoder output for the batch's sources (exactly the
+        columns and rows of ``src_tokens``) and the states of all of them,
+        ``W x (B + E) x C``, ``W = max(source, memory width)``."""
+        mem, lengths = doc["mem_src_tokens"], doc["mem_src_lengths"]
+        _, extra = self._state_index(doc)
+        B, Ls = src_tokens.shape
+        W = max(Ls, mem.size(1))
+        left = bool(self.args.left_pad_source)
+
+        def pad(t: Tensor) -> Tensor:
+            n = W - t.size(1)
+            return F.pad(t, (n, 0) if left else (0, n), value=self.padding_idx) if n else t
+
+        full = self.forward_scriptable(
+            torch.cat([pad(src_tokens), pad(mem.index_select(0, extra))], 0),
+            torch.cat([src_lengths, lengths.index_select(0, extra)]), return_all_hiddens)
+        cut = slice(W - Ls, W) if left else slice(0, Ls)
+        states = full["encoder_out"][0]
+        out = {
+            "encoder_out": [states[cut, :B]],
+            "encoder_padding_mask": [m[:B, cut] for m in full["encoder_padding_mask"]],
+            "encoder_embedding": [e[:B, cut] for e in full["encoder_embedding"]],
+            "encoder_states": [x[cut, :B] for x in full["encoder_states"]],
+            "fc_results": [x[cut, :B] if x is not None else x for x in full["fc_results"]],
+            "src_tokens": [],
+            "src_lengths": [src_lengths],
+        }
+        return out, states
+
     def memory_states(self, src_tokens: Tensor, enc_q: Tensor,
-                      doc: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+                      doc: Dict[str, Tensor], together: Optional[Tensor] = None
+                      ) -> Tuple[Tensor, Tensor]:
         """The memory sentences' last-layer states (``W x S x C``) and tokens
         (``S x W``), padded like the source. ``shared``: a memory sentence that
         is a query of the batch reuses the query's states (``enc_q``), the
@@ -304,21 +360,17 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         if self.args.context_memory == "frozen":
             return self.frozen_memory_states(mem, lengths, enc_q), mem
         left = bool(self.args.left_pad_source)
-        row = doc["query_mem_row"]
-        S = mem.size(0)
         width = max(mem.size(1), src_tokens.size(1))
-        source = torch.full((S,), -1, dtype=torch.long, device=mem.device)
-        qb = (row >= 0).nonzero().squeeze(1)
-        source[row[qb]] = qb
-        extra = (source < 0).nonzero().squeeze(1)
+        source, extra = self._state_index(doc)
+        padding = (width - mem.size(1), 0) if left else (0, width - mem.size(1))
+        if together is not None:  # encoded with the batch (_encode_with_memory)
+            return together.index_select(1, source), F.pad(mem, padding, value=self.padding_idx)
         parts = [_align(enc_q, width, left)]
-        if extra.numel():
+        if extra.numel():  # static: the collater's index
             e_out = TransformerEncoderBase.forward_scriptable(
                 self, mem.index_select(0, extra), lengths.index_select(0, extra))
             parts.append(_align(e_out["encoder_out"][0], width, left))
-            source[extra] = enc_q.size(1) + torch.arange(extra.numel(), device=mem.device)
         states = torch.cat(parts, 1).index_select(1, source)
-        padding = (width - mem.size(1), 0) if left else (0, width - mem.size(1))
         return states, F.pad(mem, padding, value=self.padding_idx)
 
     def frozen_memory_states(self, mem: Tensor, lengths: Tensor, like: Tensor) -> Tensor:
@@ -363,13 +415,19 @@ class SelectiveDocEncoder(TransformerEncoderBase):
             raise ValueError("transformer_selective_doc needs the document memory in each batch: "
                              "--task document_translation --document-context online|offline "
                              "--document-memory")
-        out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
-                                      token_embeddings)
+        together = None
+        if self.args.context_memory != "frozen" and doc["mem_src_tokens"].size(0) > 0 \
+                and token_embeddings is None and src_lengths is not None:
+            out, together = self._encode_with_memory(src_tokens, src_lengths, doc,
+                                                     return_all_hiddens)
+        else:
+            out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
+                                          token_embeddings)
         for key in MEMORY_KEYS:
             if doc.get(key) is not None:
                 out[key] = [doc[key]]
         r = out["encoder_out"][0]
-        states, mem_tokens = self.memory_states(src_tokens, r, doc)
+        states, mem_tokens = self.memory_states(src_tokens, r, doc, together)
         if self.context_layer is None:  # decoder integration: the decoder attends to these
             out["mem_encoder_out"] = [states]
             out["mem_encoder_padding_mask"] = [mem_tokens.eq(self.padding_idx)]
@@ -377,7 +435,7 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         words = states.transpose(0, 1)
         memory = self.context_layer.project_memory(
             words, words, _real_words(mem_tokens, self.dictionary), doc["mem_doc"],
-            doc["mem_pos"])
+            doc["mem_pos"], doc.get("mem_doc_rows"), doc.get("mem_doc_valid"))
         pad_mask = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else None
         r_tilde, info = self.context_layer(
             r, memory, doc["query_doc"], doc["query_pos"], self.online,
@@ -585,8 +643,10 @@ class SelectiveDocDecoder(TransformerDecoderBase):
             memory = cached["memory"]
         else:
             keys, values, words = self.memory_states(encoder_out)
+            layout = [encoder_out.get(k, [None])[0] for k in ("mem_doc_rows", "mem_doc_valid")]
             memory = self.context_layer.project_memory(
-                keys, values, words, encoder_out["mem_doc"][0], encoder_out["mem_pos"][0])
+                keys, values, words, encoder_out["mem_doc"][0], encoder_out["mem_pos"][0],
+                *layout)
             if incremental_state is not None:
                 incremental_state["selective_doc_memory"] = {"memory": memory}
         pad_mask = prev_output_tokens.eq(self.padding_idx) if incremental_state is None else None

@@ -132,9 +132,9 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn as nn
-from entmax import sparsemax
 from torch import Tensor
 
 from fairseq import utils
@@ -145,7 +145,7 @@ from ctx_fairseq.modules.context_statistics import mean_gate_sum, real_tokens
 
 __all__ = [
     "masked_normalize",
-    "DocumentSlice",
+    "memory_layout",
     "ProjectedMemory",
     "HierarchicalContextAttention",
     "ContextGating",
@@ -154,6 +154,40 @@ __all__ = [
 
 ATTENTION_TYPES = ("hierarchical", "flat-sentence", "flat-word")
 NORMALIZERS = ("sparsemax", "softmax")
+#: selective word level: sentences per (query token, head) (see the module docstring)
+WORD_CAPACITY = 32
+
+
+class _Sparsemax(torch.autograd.Function):
+    """Sparsemax over the last dim (Martins & Astudillo 2016), as
+    ``entmax.sparsemax`` computes it, with a backward of static shape
+    (``entmax``'s indexes its gradient with a boolean mask, a host read per
+    call on a GPU)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x - x.amax(-1, keepdim=True)
+        z, _ = torch.sort(x, dim=-1, descending=True)
+        cs = z.cumsum(-1) - 1
+        k = torch.arange(1, x.size(-1) + 1, device=x.device, dtype=x.dtype)
+        support = (k * z > cs).sum(-1, keepdim=True)  # >= 1: the largest entry is in
+        tau = cs.gather(-1, support - 1) / support.to(x.dtype)
+        out = torch.clamp(x - tau, min=0)
+        ctx.save_for_backward(out, support)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, support = ctx.saved_tensors
+        on = out != 0
+        g = grad.masked_fill(~on, 0)
+        v = g.sum(-1, keepdim=True) / support.to(g.dtype)
+        return torch.where(on, g - v, g)
+
+
+def sparsemax(x: Tensor) -> Tensor:
+    """Sparsemax over the last dim (see :class:`_Sparsemax`)."""
+    return _Sparsemax.apply(x)
 
 
 def masked_normalize(scores: Tensor, mask: Tensor, kind: str) -> Tensor:
@@ -168,7 +202,7 @@ def masked_normalize(scores: Tensor, mask: Tensor, kind: str) -> Tensor:
         x = x.float()
     x = x.masked_fill(~mask, float("-inf")).masked_fill(~row_ok, 0.0)
     if kind == "sparsemax":
-        p = sparsemax(x, dim=-1)
+        p = sparsemax(x)
     elif kind == "softmax":
         p = torch.softmax(x, dim=-1)
     else:
@@ -176,21 +210,127 @@ def masked_normalize(scores: Tensor, mask: Tensor, kind: str) -> Tensor:
     return p.masked_fill(~row_ok, 0.0).type_as(scores)
 
 
+def memory_layout(mem_doc: Tensor, mem_pos: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The padded document index of a memory, computed on the host (one read
+    of ``mem_doc``/``mem_pos`` per batch; the task's collater emits the same
+    tensors, ``mem_doc_rows``/``mem_doc_valid``, without it): ``(doc_ids (D,)
+    sorted, rows D x S_max long, valid D x S_max bool)``; row ``d`` holds the
+    memory rows of document ``doc_ids[d]`` in position order (0 where not
+    valid). Sentences of a document must be contiguous and in strictly
+    increasing position order (checked)."""
+    doc = mem_doc.detach().cpu().numpy()
+    pos = mem_pos.detach().cpu().numpy()
+    S = len(doc)
+    if S > 1:
+        new_run = doc[1:] != doc[:-1]
+        if not bool(((pos[1:] > pos[:-1]) | new_run).all()):
+            raise ValueError("memory sentences of a document must be in strictly "
+                             "increasing position order (mem_pos)")
+        if int(new_run.sum()) + 1 != len(np.unique(doc)):
+            raise ValueError("memory sentences of a document must be contiguous (mem_doc)")
+    ids, counts = np.unique(doc, return_counts=True)
+    s_max = int(counts.max()) if S else 0
+    rows = np.zeros((len(ids), s_max), dtype=np.int64)
+    valid = np.zeros((len(ids), s_max), dtype=bool)
+    slot = np.searchsorted(ids, doc)
+    first = {}
+    for s, d in enumerate(slot.tolist()):
+        first.setdefault(d, s)
+        rows[d, s - first[d]] = s
+        valid[d, s - first[d]] = True
+    dev = mem_doc.device
+    return (torch.from_numpy(ids.astype(np.int64)).to(dev), torch.from_numpy(rows).to(dev),
+            torch.from_numpy(valid).to(dev))
+
+
+class _GatheredScores(torch.autograd.Function):
+    """``out[n, k, l] = q[n] . kf[g[n, k], l]`` (``q`` ``N x d``, ``kf`` ``G x L x d``,
+    ``g`` ``N x K`` long) without keeping the gathered ``N x K x L x d`` keys:
+    computed in chunks of ``chunk`` rows in both passes; the keys' gradient is
+    accumulated (``index_add``) in float32 at least."""
+
+    @staticmethod
+    def forward(ctx, q, kf, g, chunk: int):
+        ctx.save_for_backward(q, kf, g)
+        ctx.chunk = chunk
+        N, K = g.shape
+        out = q.new_empty(N, K, kf.size(1))
+        for a in range(0, N, chunk):
+            out[a:a + chunk] = torch.einsum("nd,nkld->nkl", q[a:a + chunk], kf[g[a:a + chunk]])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, kf, g = ctx.saved_tensors
+        N, chunk = g.size(0), ctx.chunk
+        gq = gk = None
+        if ctx.needs_input_grad[0]:
+            gq = torch.empty_like(q)
+        if ctx.needs_input_grad[1]:
+            gk = kf.new_zeros(kf.shape, dtype=torch.promote_types(kf.dtype, torch.float32))
+        for a in range(0, N, chunk):
+            go, gc = grad[a:a + chunk], g[a:a + chunk]
+            if gq is not None:
+                gq[a:a + chunk] = torch.einsum("nkl,nkld->nd", go, kf[gc])
+            if gk is not None:
+                part = torch.einsum("nkl,nd->nkld", go, q[a:a + chunk])
+                gk.index_add_(0, gc.reshape(-1), part.reshape(-1, *kf.shape[1:]).to(gk.dtype))
+        return gq, (gk.to(kf.dtype) if gk is not None else None), None, None
+
+
+class _GatheredValues(torch.autograd.Function):
+    """``out[n] = sum_{k,l} a[n, k, l] vf[g[n, k], l]`` (``a`` ``N x K x L``,
+    ``vf`` ``G x L x d``) without keeping the gathered values; chunked as
+    :class:`_GatheredScores`, the values' gradient accumulated in float32 at
+    least."""
+
+    @staticmethod
+    def forward(ctx, a, vf, g, chunk: int):
+        ctx.save_for_backward(a, vf, g)
+        ctx.chunk = chunk
+        N = g.size(0)
+        out = a.new_empty(N, vf.size(2))
+        for i in range(0, N, chunk):
+            out[i:i + chunk] = torch.einsum("nkl,nkld->nd", a[i:i + chunk], vf[g[i:i + chunk]])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, vf, g = ctx.saved_tensors
+        N, chunk = g.size(0), ctx.chunk
+        ga = gv = None
+        if ctx.needs_input_grad[0]:
+            ga = torch.empty_like(a)
+        if ctx.needs_input_grad[1]:
+            gv = vf.new_zeros(vf.shape, dtype=torch.promote_types(vf.dtype, torch.float32))
+        for i in range(0, N, chunk):
+            go, gc = grad[i:i + chunk], g[i:i + chunk]
+            if ga is not None:
+                ga[i:i + chunk] = torch.einsum("nd,nkld->nkl", go, vf[gc])
+            if gv is not None:
+                part = torch.einsum("nkl,nd->nkld", a[i:i + chunk], go)
+                gv.index_add_(0, gc.reshape(-1), part.reshape(-1, *vf.shape[1:]).to(gv.dtype))
+        return ga, (gv.to(vf.dtype) if gv is not None else None), None, None
+
+
 @dataclass
-class DocumentSlice:
-    """One document of a :class:`ProjectedMemory` (views of the batched tensors).
+class ProjectedMemory:
+    """Output of :meth:`HierarchicalContextAttention.project_memory`: the
+    projected memory of a batch (each sentence once, ``S`` rows) and its
+    padded document index.
 
-    ``start:end`` are its rows in the memory; ``lo:hi`` the word columns kept
-    (the span of columns any of its sentences uses); ``pos`` (``S_d``),
-    ``has_word`` (``S_d``), ``word_mask`` (``S_d x L_d``); projected tensors per
-    head: ``k_s``/``v_s`` (``S_d x H x d_k``), ``k_w``/``v_w``
-    (``S_d x H x L_d x d_k``); absent (None) where the mode does not use them."""
+    ``doc_ids`` (``D``, sorted): the documents; ``doc_rows``/``doc_valid``
+    (``D x S_max``): the memory rows of each document in position order and
+    which are real; ``pos``/``has_word`` (``S``), ``word_mask`` (``S x L``);
+    per head ``k_s``/``v_s`` (``S x H x d_k``), ``k_w``/``v_w``
+    (``S x H x L x d_k``), None where the mode does not use them.
+    ``num_sentences``/``max_len``: ``S``/``L``."""
 
-    doc: int
-    start: int
-    end: int
-    lo: int
-    hi: int
+    num_sentences: int
+    max_len: int
+    doc_ids: Tensor
+    doc_rows: Tensor
+    doc_valid: Tensor
     pos: Tensor
     has_word: Tensor
     word_mask: Tensor
@@ -200,19 +340,9 @@ class DocumentSlice:
     v_w: Optional[Tensor] = None
 
     @property
-    def num_sentences(self) -> int:
-        return self.end - self.start
-
-
-@dataclass
-class ProjectedMemory:
-    """Output of :meth:`HierarchicalContextAttention.project_memory`: the
-    projected memory of the documents of a batch, keyed by document number.
-    ``num_sentences``/``max_len`` are ``S``/``L`` of the inputs."""
-
-    docs: Dict[int, DocumentSlice]
-    num_sentences: int
-    max_len: int
+    def max_sentences(self) -> int:
+        """``S_max``: the padded width of the document index (static)."""
+        return self.doc_rows.size(1)
 
 
 class HierarchicalContextAttention(nn.Module):
@@ -225,15 +355,17 @@ class HierarchicalContextAttention(nn.Module):
         sentence_attn: Eq. 3 normaliser, "sparsemax" (paper) or "softmax" (ablation).
         word_attn: Eq. 4 normaliser, "softmax" (sparse-soft) or "sparsemax"
             (sparse-sparse).
-        selective: hierarchical only: evaluate Eq. 4-5 only on the support of
-            Eq. 3 (default) instead of densely for every sentence.
+        selective: hierarchical with a sparsemax Eq. 3 only: evaluate Eq. 4-5
+            only on the ``word_capacity`` sentences of largest Eq. 3 weight
+            per (token, head) (default) instead of on every sentence.
         attention_dropout: dropout on the final attention weights.
         kdim / vdim: feature dims of ``mem_keys`` / ``mem_values`` (default ``C``).
-        chunk_elems: selective path: approximate number of elements (padded
-            scores + gathered keys/values) processed per chunk.
+        chunk_elems: word level: about how many gathered key/value elements
+            are formed at once (forward and backward).
         sentence_distance: ``N`` > 0: learned per-head bias on the sentence
             scores by the signed sentence distance clipped to ``[-N, N]``
             (beyond the paper, see the module docstring); 0 (default): off.
+        word_capacity: ``K`` of the selective path (see the module docstring).
 
     Shapes: ``query`` ``T x B x C``; ``query_doc``/``query_pos`` ``(B,)`` long;
     ``mem_keys`` ``S x L x kdim``, ``mem_values`` ``S x L x vdim``,
@@ -245,7 +377,8 @@ class HierarchicalContextAttention(nn.Module):
                  sentence_attn: str = "sparsemax", word_attn: str = "softmax",
                  selective: bool = True, attention_dropout: float = 0.0,
                  kdim: Optional[int] = None, vdim: Optional[int] = None,
-                 chunk_elems: int = 1 << 22, sentence_distance: int = 0):
+                 chunk_elems: int = 1 << 25, sentence_distance: int = 0,
+                 word_capacity: int = WORD_CAPACITY):
         super().__init__()
         if attention not in ATTENTION_TYPES:
             raise ValueError(f"attention: expected one of {ATTENTION_TYPES}, got {attention!r}")
@@ -255,6 +388,8 @@ class HierarchicalContextAttention(nn.Module):
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        if int(word_capacity) < 1:
+            raise ValueError(f"word_capacity must be >= 1, got {word_capacity}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -266,6 +401,7 @@ class HierarchicalContextAttention(nn.Module):
         self.word_attn = word_attn
         self.selective = selective
         self.chunk_elems = int(chunk_elems)
+        self.word_capacity = int(word_capacity)
         self.uses_sentences = attention in ("hierarchical", "flat-sentence")
         self.uses_words = attention in ("hierarchical", "flat-word")
         self.sentence_distance = int(sentence_distance)
@@ -300,57 +436,38 @@ class HierarchicalContextAttention(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"attention={self.attention}, sentence_attn={self.sentence_attn}, "
                 f"word_attn={self.word_attn}, selective={self.selective}, "
-                f"sentence_distance={self.sentence_distance}")
+                f"sentence_distance={self.sentence_distance}, "
+                f"word_capacity={self.word_capacity}")
 
     # ------------------------------------------------------------------ memory
-    @staticmethod
-    def check_memory_order(mem_doc: Tensor, mem_pos: Tensor) -> Tensor:
-        """Asserts that each document's sentences are contiguous and in strictly
-        increasing position order; returns the run starts (bool, ``(S,)``)."""
-        S = mem_doc.numel()
-        new_run = torch.ones(S, dtype=torch.bool, device=mem_doc.device)
-        if S > 1:
-            new_run[1:] = mem_doc[1:] != mem_doc[:-1]
-            if not bool(((mem_pos[1:] > mem_pos[:-1]) | new_run[1:]).all()):
-                raise ValueError("memory sentences of a document must be in strictly "
-                                 "increasing position order (mem_pos)")
-            if int(new_run.sum()) != torch.unique(mem_doc).numel():
-                raise ValueError("memory sentences of a document must be contiguous (mem_doc)")
-        return new_run
-
     def project_memory(self, mem_keys: Tensor, mem_values: Tensor, mem_word_mask: Tensor,
-                       mem_doc: Tensor, mem_pos: Tensor) -> ProjectedMemory:
+                       mem_doc: Tensor, mem_pos: Tensor, doc_rows: Optional[Tensor] = None,
+                       doc_valid: Optional[Tensor] = None) -> ProjectedMemory:
         """Projects the document memory once (reused by every query / decoding step).
 
         ``mem_keys``: ``S x L x kdim`` (key source: words for K_w, their mean
         over real words for K_s); ``mem_values``: ``S x L x vdim``;
         ``mem_word_mask``: ``S x L`` bool, True = real word (no BOS/EOS/pad);
         ``mem_doc``/``mem_pos``: ``(S,)``. Sentences of one document must be
-        contiguous and in increasing ``mem_pos`` order."""
+        contiguous and in increasing ``mem_pos`` order.
+
+        ``doc_rows``/``doc_valid`` (``D x S_max``, the collater's
+        ``mem_doc_rows``/``mem_doc_valid``; documents numbered ``0..D-1`` as in
+        ``mem_doc``/``query_doc``): the padded document index. Without them
+        it is computed here by :func:`memory_layout` (one host read)."""
         if mem_keys.dim() != 3 or mem_values.shape[:2] != mem_keys.shape[:2]:
             raise ValueError("mem_keys/mem_values: expected S x L x C tensors of equal S, L")
         S, L = mem_keys.shape[:2]
         if mem_word_mask.shape != (S, L) or mem_doc.shape != (S,) or mem_pos.shape != (S,):
             raise ValueError("mem_word_mask: S x L; mem_doc, mem_pos: (S,)")
-        if S == 0:
-            return ProjectedMemory({}, 0, L)
+        if doc_rows is None:
+            doc_ids, doc_rows, doc_valid = memory_layout(mem_doc, mem_pos)
+        else:
+            if doc_valid is None or doc_valid.shape != doc_rows.shape:
+                raise ValueError("doc_rows/doc_valid: D x S_max tensors")
+            doc_ids = torch.arange(doc_rows.size(0), device=doc_rows.device)
         H, hd = self.num_heads, self.head_dim
         wmask = mem_word_mask.to(torch.bool)
-        new_run = self.check_memory_order(mem_doc, mem_pos)
-
-        # document runs and the word-column span each document uses
-        run_id = torch.cumsum(new_run.long(), 0) - 1
-        n_docs = int(run_id[-1]) + 1
-        cols = torch.zeros(n_docs, L, dtype=torch.long, device=wmask.device)
-        cols.index_add_(0, run_id, wmask.long())
-        cols = cols > 0
-        any_col = cols.any(1)
-        lo = torch.where(any_col, cols.long().argmax(1), torch.zeros_like(run_id[:n_docs]))
-        hi = torch.where(any_col, L - cols.flip(1).long().argmax(1), torch.zeros_like(lo))
-        starts = new_run.nonzero().squeeze(1)
-        meta = torch.stack([mem_doc[starts], starts, lo, hi], 1).tolist()
-        sizes = [(meta[i + 1][1] if i + 1 < n_docs else S) - meta[i][1] for i in range(n_docs)]
-
         m3 = wmask.unsqueeze(-1)
         keys = mem_keys.masked_fill(~m3, 0.0)
         same = mem_values is mem_keys or (
@@ -358,38 +475,18 @@ class HierarchicalContextAttention(nn.Module):
             and mem_values.shape == mem_keys.shape and mem_values.stride() == mem_keys.stride())
         values = keys if same else mem_values.masked_fill(~m3, 0.0)
         n_words = wmask.sum(1, keepdim=True).clamp(min=1).to(keys.dtype)
-
-        per_doc: Dict[str, List[Tensor]] = {}
-
-        def split(name: str, t: Tensor):
-            per_doc[name] = list(torch.split(t, sizes, dim=0))
-
-        split("pos", mem_pos)
-        split("has_word", wmask.any(1))
-        split("word_mask", wmask)
+        mem = ProjectedMemory(S, L, doc_ids, doc_rows, doc_valid.to(torch.bool), mem_pos,
+                              wmask.any(1), wmask)
         if self.uses_sentences:
             k_sent = keys.sum(1) / n_words  # mean over the real words (Sec. 3.3)
-            split("k_s", self.k_s_proj(k_sent).view(S, H, hd))
+            mem.k_s = self.k_s_proj(k_sent).view(S, H, hd)
             if self.attention == "flat-sentence":
                 v_sent = values.sum(1) / n_words
-                split("v_s", self.v_proj(v_sent).view(S, H, hd))
+                mem.v_s = self.v_proj(v_sent).view(S, H, hd)
         if self.uses_words:
-            split("k_w", self.k_w_proj(keys).view(S, L, H, hd).transpose(1, 2).contiguous())
-            split("v_w", self.v_proj(values).view(S, L, H, hd).transpose(1, 2).contiguous())
-
-        docs: Dict[int, DocumentSlice] = {}
-        for i, (doc, start, c_lo, c_hi) in enumerate(meta):
-            c_hi = max(c_hi, c_lo)
-            docs[doc] = DocumentSlice(
-                doc=doc, start=start, end=start + sizes[i], lo=c_lo, hi=c_hi,
-                pos=per_doc["pos"][i], has_word=per_doc["has_word"][i],
-                word_mask=per_doc["word_mask"][i][:, c_lo:c_hi],
-                k_s=per_doc["k_s"][i] if "k_s" in per_doc else None,
-                v_s=per_doc["v_s"][i] if "v_s" in per_doc else None,
-                k_w=per_doc["k_w"][i][:, :, c_lo:c_hi] if "k_w" in per_doc else None,
-                v_w=per_doc["v_w"][i][:, :, c_lo:c_hi] if "v_w" in per_doc else None,
-            )
-        return ProjectedMemory(docs, S, L)
+            mem.k_w = self.k_w_proj(keys).view(S, L, H, hd).transpose(1, 2).contiguous()
+            mem.v_w = self.v_proj(values).view(S, L, H, hd).transpose(1, 2).contiguous()
+        return mem
 
     @staticmethod
     def reorder_queries(query_doc: Tensor, query_pos: Tensor,
@@ -397,6 +494,22 @@ class HierarchicalContextAttention(nn.Module):
         """Beam search: only the query metadata follows the beam; the memory is
         per document and stays as it is."""
         return query_doc.index_select(0, new_order), query_pos.index_select(0, new_order)
+
+    def query_layout(self, memory: ProjectedMemory, query_doc: Tensor, query_pos: Tensor,
+                     online: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        """Each query sentence's memory sentences (static shapes, no host read):
+        ``rows`` (``B x S_max``, memory rows of its document in position order),
+        ``valid`` (real entries) and ``vis`` (visible: valid, at least one real
+        word, and before the query (online) / not the query (offline))."""
+        D = memory.doc_ids.numel()
+        slot = torch.searchsorted(memory.doc_ids, query_doc).clamp(max=max(D - 1, 0))
+        found = memory.doc_ids[slot] == query_doc  # a document absent from the memory
+        rows = memory.doc_rows[slot]
+        valid = memory.doc_valid[slot] & found.unsqueeze(1)
+        mp = memory.pos[rows]
+        qp = query_pos.unsqueeze(1)
+        rel = mp < qp if online else mp != qp
+        return rows, valid, valid & rel & memory.has_word[rows]
 
     # ----------------------------------------------------------------- forward
     def forward(self, query: Tensor, memory: ProjectedMemory, query_doc: Tensor,
@@ -413,7 +526,8 @@ class HierarchicalContextAttention(nn.Module):
           ``sent_index`` ``B x S_max`` (long): column ``j`` of row ``b`` is memory
           row ``sent_index[b, j]`` (the ``j``-th memory sentence of ``b``'s
           document, in position order; -1 and weight 0 past its end).
-          ``S_max`` is the largest memory of the documents of the queries.
+          ``S_max`` is the width of the memory's document index (the largest
+          document memory of the batch).
           Weights are ``alpha_s`` (hierarchical), the flat sentence weights, or
           for flat-word the word weights summed per sentence.
         * ``need_word_weights`` (hierarchical / flat-word): ``word_weights``
@@ -428,7 +542,9 @@ class HierarchicalContextAttention(nn.Module):
           token), and the counts ``num_token_heads``, ``num_support_pairs``;
           the sums behind the three means are ``sentence_support_sum``,
           ``visible_sentences_sum`` and ``word_support_sum`` (so that means can
-          be pooled exactly across batches: sum / count).
+          be pooled exactly across batches: sum / count); hierarchical:
+          ``word_overflow_sum``, the number of those (token, head) whose
+          Eq. 3 support exceeded the word level's capacity (0 = exact).
           ``query_padding_mask`` (``B x T``, True = pad) only serves these
           statistics.
         """
@@ -437,311 +553,194 @@ class HierarchicalContextAttention(nn.Module):
             raise ValueError("query_doc/query_pos: expected (B,) tensors")
         H, hd = self.num_heads, self.head_dim
         want_word_w = need_word_weights and self.uses_words
-
-        # group the query sentences by document (one permutation of the batch)
-        groups: Dict[int, List[int]] = {}
-        for b, doc in enumerate(query_doc.tolist()):
-            groups.setdefault(doc, []).append(b)
-        order = [b for idx in groups.values() for b in idx]
-        sizes = [len(idx) for idx in groups.values()]
-        identity = order == list(range(B))
-        perm = torch.tensor(order, dtype=torch.long, device=query.device)
-        if not identity:
-            query = query.index_select(1, perm)
-            query_pos = query_pos.index_select(0, perm)
-            if query_padding_mask is not None:
-                query_padding_mask = query_padding_mask.index_select(0, perm)
         real_tok = (~query_padding_mask.to(torch.bool) if query_padding_mask is not None
                     else torch.ones(B, T, dtype=torch.bool, device=query.device))
-
-        q_s = q_w = None
-        if self.uses_sentences:
-            q_s = (self.q_s_proj(query) * self.scaling).view(T, B, H, hd)
-        if self.uses_words:
-            q_w = (self.q_w_proj(query) * self.scaling).view(T, B, H, hd)
-        q_s_parts = torch.split(q_s, sizes, dim=1) if q_s is not None else None
-        q_w_parts = torch.split(q_w, sizes, dim=1) if q_w is not None else None
-        pos_parts = torch.split(query_pos, sizes, dim=0)
-        tok_parts = torch.split(real_tok, sizes, dim=0)
-
-        heads: List[Tensor] = []
-        has_ctx: List[Tensor] = []
-        sent_w: List[Tuple[Tensor, Optional[DocumentSlice]]] = []
-        word_w: List[Optional[Tensor]] = []
-        stats = query.new_zeros(5, dtype=torch.float64) if return_stats else None
-        for g, doc_id in enumerate(groups.keys()):
-            bd = sizes[g]
-            doc = memory.docs.get(doc_id)
-            vis = None
-            if doc is not None:
-                qp = pos_parts[g]
-                rel = (doc.pos.unsqueeze(0) < qp.unsqueeze(1) if online
-                       else doc.pos.unsqueeze(0) != qp.unsqueeze(1))
-                vis = rel & doc.has_word.unsqueeze(0)  # Bd x S_d
-            if vis is None or not bool(vis.any()):
-                heads.append(query.new_zeros(T, bd, H, hd))
-                has_ctx.append(torch.zeros(bd, dtype=torch.bool, device=query.device))
-                if need_weights:
-                    n = doc.num_sentences if doc is not None else 0
-                    sent_w.append((query.new_zeros(bd, H, T, n), doc))
-                if want_word_w:
-                    word_w.append(None)
-                continue
-            ctx = vis.any(1)
-            has_ctx.append(ctx)
-            qs_g = q_s_parts[g] if q_s_parts is not None else None
-            qw_g = q_w_parts[g] if q_w_parts is not None else None
-            tok = tok_parts[g] & ctx.unsqueeze(1)  # Bd x T: tokens counted in stats
-            bias = self._distance_bias(pos_parts[g], doc)  # Bd x H x 1 x S_d or None
-            if self.attention == "hierarchical":
-                o, a_s, a_w, st = (self._hierarchical_selective if self.selective
-                                   else self._hierarchical_dense)(
-                    qs_g, qw_g, doc, vis, tok, want_word_w, return_stats, bias)
-            elif self.attention == "flat-sentence":
-                o, a_s, a_w, st = self._flat_sentence(qs_g, doc, vis, tok, return_stats, bias)
-            else:
-                o, a_s, a_w, st = self._flat_word(qw_g, doc, vis, tok, want_word_w,
-                                                  return_stats, bias)
-            heads.append(o)
-            if need_weights:
-                sent_w.append((a_s.detach(), doc))
-            if want_word_w:
-                word_w.append(a_w)
-            if st is not None:
-                stats += st
-
-        out = heads[0] if len(heads) == 1 else torch.cat(heads, 1)
-        out = self.out_proj(out.reshape(T, B, C))
-        has_context = torch.cat(has_ctx, 0)
-        out = out.masked_fill(~has_context.view(1, B, 1), 0.0)
-        if torch.is_grad_enabled() and not bool(has_context.any()):
-            # no query of the batch has context: keep every parameter in the graph
-            # (exactly zero gradient), so that DDP without find_unused_parameters
-            # does not stall on a batch of first sentences
-            out = out + 0.0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
-
+        s_max = memory.max_sentences
         info: Dict[str, Tensor] = {}
-        inv = None
-        if not identity:
-            inv = torch.empty_like(perm)
-            inv[perm] = torch.arange(B, device=perm.device)
-            out = out.index_select(1, inv)
-            has_context = has_context.index_select(0, inv)
-        info["has_context"] = has_context
-        if need_weights or want_word_w:
-            s_max = max([memory.docs[k].num_sentences for k in groups if k in memory.docs]
-                        or [0])
-            if need_weights:
-                sw, si = self._pad_sentence_weights(sent_w, sizes, s_max)
-                info["sent_weights"] = sw if inv is None else sw.index_select(0, inv)
-                info["sent_index"] = si if inv is None else si.index_select(0, inv)
-            if want_word_w:
-                ww = self._pad_word_weights(word_w, list(groups.keys()), memory, sizes,
-                                            s_max, query)
-                info["word_weights"] = ww if inv is None else ww.index_select(0, inv)
-        if stats is not None:
-            n_th, n_pairs = stats[0].clamp(min=1), stats[3].clamp(min=1)
-            info["sentence_support"] = stats[1] / n_th
-            info["visible_sentences"] = stats[2] / n_th
-            info["num_token_heads"] = stats[0]
-            info["sentence_support_sum"] = stats[1]
-            info["visible_sentences_sum"] = stats[2]
+        if memory.num_sentences == 0 or s_max == 0:  # static: nothing to attend to
+            out = query.new_zeros(T, B, C)
+            has_context = torch.zeros(B, dtype=torch.bool, device=query.device)
+            if torch.is_grad_enabled():
+                # keep every parameter in the graph (exactly zero gradient), so that
+                # DDP without find_unused_parameters does not stall on such a batch
+                out = out + 0.0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
+            a_s = query.new_zeros(B, H, T, 0)
+            rows = valid = torch.zeros(B, 0, dtype=torch.long, device=query.device)
+            a_w = query.new_zeros(B, H, T, 0, memory.max_len) if want_word_w else None
+            st = query.new_zeros(6, dtype=torch.float64) if return_stats else None
+        else:
+            rows, valid, vis = self.query_layout(memory, query_doc, query_pos, online)
+            has_context = vis.any(1)
+            tok = real_tok & has_context.unsqueeze(1)  # B x T: tokens counted in stats
+            bias = self._distance_bias(query_pos, memory, rows)  # B x H x 1 x S_max or None
+            q_s = q_w = None
+            if self.uses_sentences:
+                q_s = (self.q_s_proj(query) * self.scaling).view(T, B, H, hd)
             if self.uses_words:
-                info["word_support"] = stats[4] / n_pairs
-                info["num_support_pairs"] = stats[3]
-                info["word_support_sum"] = stats[4]
+                q_w = (self.q_w_proj(query) * self.scaling).view(T, B, H, hd)
+            if self.attention == "hierarchical":
+                o, a_s, a_w, st = self._hierarchical(q_s, q_w, memory, rows, vis, tok,
+                                                     want_word_w, return_stats, bias)
+            elif self.attention == "flat-sentence":
+                o, a_s, a_w, st = self._flat_sentence(q_s, memory, rows, vis, tok,
+                                                      return_stats, bias)
+            else:
+                o, a_s, a_w, st = self._flat_word(q_w, memory, rows, vis, tok, want_word_w,
+                                                  return_stats, bias)
+            out = self.out_proj(o.reshape(T, B, C))
+            out = out.masked_fill(~has_context.view(1, B, 1), 0.0)
+        info["has_context"] = has_context
+        if need_weights:
+            info["sent_weights"] = a_s.detach()
+            info["sent_index"] = torch.where(valid.to(torch.bool), rows,
+                                             torch.full_like(rows, -1))
+        if want_word_w:
+            info["word_weights"] = a_w
+        if st is not None:
+            n_th, n_pairs = st[0].clamp(min=1), st[3].clamp(min=1)
+            info["sentence_support"] = st[1] / n_th
+            info["visible_sentences"] = st[2] / n_th
+            info["num_token_heads"] = st[0]
+            info["sentence_support_sum"] = st[1]
+            info["visible_sentences_sum"] = st[2]
+            if self.uses_words:
+                info["word_support"] = st[4] / n_pairs
+                info["num_support_pairs"] = st[3]
+                info["word_support_sum"] = st[4]
+            if self.attention == "hierarchical":
+                info["word_overflow_sum"] = st[5]
         return out, info
 
-    # ------------------------------------------------------------ per document
-    def _stats(self, vis: Tensor, tok: Tensor, sent_supp: Tensor,
-               pair_words: Tensor, pair_tok: Tensor) -> Tensor:
-        """``[token-heads, sum sentence support, sum visible, pairs, sum word support]``;
-        ``sent_supp`` Bd x H x T; ``pair_words``/``pair_tok`` per support pair."""
+    # ------------------------------------------------------------ pieces
+    def _stats(self, vis: Tensor, tok: Tensor, sent_sel: Tensor,
+               pair_words: Optional[Tensor], overflow: Optional[Tensor] = None) -> Tensor:
+        """``[token-heads, sum sentence support, sum visible, support pairs, sum
+        word support, overflowing token-heads]`` over the counted tokens ``tok``
+        (``B x T``); ``sent_sel`` ``B x H x T x S`` (support of the sentence
+        weights), ``pair_words`` ``B x H x T x K`` (non-zero word weights per
+        selected sentence, 0 elsewhere), ``overflow`` ``B x H x T`` bool."""
         H = self.num_heads
-        w = tok.unsqueeze(1).to(torch.float64)  # Bd x 1 x T
+        w = tok.unsqueeze(1).to(torch.float64)  # B x 1 x T
+        supp = sent_sel.sum(-1).to(torch.float64) * w
         n_vis = vis.sum(1).to(torch.float64).view(-1, 1, 1)
+        zero = w.new_zeros(())
         return torch.stack([
             w.sum() * H,
-            (sent_supp.to(torch.float64) * w).sum(),
+            supp.sum(),
             (n_vis * w).sum() * H,
-            pair_tok.to(torch.float64).sum(),
-            (pair_words.to(torch.float64) * pair_tok).sum(),
+            supp.sum() if pair_words is not None else zero,
+            ((pair_words.sum(-1).to(torch.float64) * w).sum() if pair_words is not None
+             else zero),
+            (overflow.to(torch.float64) * w).sum() if overflow is not None else zero,
         ]).detach()
 
-    def _distance_bias(self, query_pos: Tensor, doc: DocumentSlice) -> Optional[Tensor]:
-        """Beyond the paper: ``beta_h[clip(query_pos - mem_pos, -N, N)]`` for one
-        document group, ``Bd x H x 1 x S_d`` (broadcast over the query tokens);
-        None when off."""
+    def _distance_bias(self, query_pos: Tensor, memory: ProjectedMemory,
+                       rows: Tensor) -> Optional[Tensor]:
+        """Beyond the paper: ``beta_h[clip(query_pos - mem_pos, -N, N)]``,
+        ``B x H x 1 x S_max`` (broadcast over the query tokens); None when off."""
         if self.sentence_distance <= 0:
             return None
         n = self.sentence_distance
-        dist = (query_pos.unsqueeze(1) - doc.pos.unsqueeze(0)).clamp(-n, n) + n  # Bd x S_d
+        dist = (query_pos.unsqueeze(1) - memory.pos[rows]).clamp(-n, n) + n  # B x S_max
         return self.distance_bias[dist].permute(0, 2, 1).unsqueeze(2)
 
-    def _sentence_weights(self, qs: Tensor, doc: DocumentSlice, vis: Tensor,
-                          bias: Optional[Tensor] = None) -> Tensor:
-        """Eq. 3 (plus the optional distance bias): ``Bd x H x T x S_d``."""
-        scores = torch.einsum("tbhd,shd->bhts", qs, doc.k_s)
+    def _sentence_weights(self, qs: Tensor, memory: ProjectedMemory, rows: Tensor, vis: Tensor,
+                          bias: Optional[Tensor], kind: str) -> Tensor:
+        """Eq. 3 / Eq. 6 (flat-sentence) over each query's document (one gather
+        of the sentence keys, ``B x S_max x H x d_k``): ``B x H x T x S_max``."""
+        scores = torch.einsum("tbhd,bshd->bhts", qs, memory.k_s[rows])
         if bias is not None:
             scores = scores + bias
-        return masked_normalize(scores, vis[:, None, None, :], self.sentence_attn)
+        return masked_normalize(scores, vis[:, None, None, :], kind)
 
-    def _hierarchical_dense(self, qs: Tensor, qw: Tensor, doc: DocumentSlice, vis: Tensor,
-                            tok: Tensor, want_word_w: bool, want_stats: bool,
-                            bias: Optional[Tensor] = None):
-        alpha_s = self._sentence_weights(qs, doc, vis, bias)  # Eq. 3
-        scores_w = torch.einsum("tbhd,shld->bhtsl", qw, doc.k_w)
-        alpha_w = masked_normalize(scores_w, doc.word_mask, self.word_attn)  # Eq. 4
-        alpha = alpha_s.unsqueeze(-1) * alpha_w  # Eq. 5
-        out = torch.einsum("bhtsl,shld->tbhd", self.dropout_module(alpha), doc.v_w)
-        st = None
-        if want_stats:
-            sel = (alpha_s != 0).detach()
-            nw = (alpha_w != 0).sum(-1)
-            st = self._stats(vis, tok, sel.sum(-1), nw[sel],
-                             tok.unsqueeze(1).unsqueeze(-1).expand_as(sel)[sel])
-        return out, alpha_s, (alpha.detach() if want_word_w else None), st
+    def _word_chunk(self, k: int, L: int) -> int:
+        return max(1, self.chunk_elems // max(1, k * L * self.head_dim))
 
-    def _selective_chunk(self, q_pad: Tensor, a_pad: Tensor, valid: Tensor, groups: Tensor,
-                         word_mask: Tensor, k_flat: Tensor,
-                         v_flat: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """Eq. 4-5 and value reading for ``G_c`` (sentence, head) groups
-        (``groups``: ``s * H + h``), each with up to ``w`` support pairs:
-        ``q_pad`` ``G_c x w x d``, ``a_pad``/``valid`` ``G_c x w`` ->
-        ``(out G_c x w x d, alpha_w, alpha_hier)`` (both ``G_c x w x L_d``)."""
-        scores = torch.bmm(q_pad, k_flat[groups].transpose(1, 2))
-        mask = valid.unsqueeze(-1) & word_mask[groups // self.num_heads].unsqueeze(1)
+    def _word_scores(self, q_w: Tensor, memory: ProjectedMemory, sel: Tensor) -> Tensor:
+        """``q_w`` (``T x B x H x d``) against the words of memory rows ``sel``
+        (``B x H x T x K``): ``B x H x T x K x L``, keys gathered per chunk only."""
+        T, B, H, hd = q_w.shape
+        K, L = sel.size(-1), memory.max_len
+        heads = torch.arange(H, device=sel.device).view(1, H, 1, 1)
+        g = (sel * H + heads).reshape(-1, K)
+        q = q_w.permute(1, 2, 0, 3).reshape(-1, hd)
+        kf = memory.k_w.reshape(-1, L, hd)
+        out = _GatheredScores.apply(q, kf, g, self._word_chunk(K, L))
+        return out.view(B, H, T, K, L), g
+
+    def _read_values(self, alpha: Tensor, memory: ProjectedMemory, g: Tensor) -> Tensor:
+        """``alpha`` (``B x H x T x K x L``) times the values of the rows behind
+        ``g``: ``T x B x H x d``."""
+        B, H, T, K, L = alpha.shape
+        out = _GatheredValues.apply(alpha.reshape(-1, K, L), memory.v_w.reshape(-1, L, self.head_dim),
+                                    g, self._word_chunk(K, L))
+        return out.view(B, H, T, self.head_dim).permute(2, 0, 1, 3)
+
+    def _hierarchical(self, qs: Tensor, qw: Tensor, memory: ProjectedMemory, rows: Tensor,
+                      vis: Tensor, tok: Tensor, want_word_w: bool, want_stats: bool,
+                      bias: Optional[Tensor] = None):
+        """Eq. 3-5. The word level runs over ``K`` sentences per (token, head):
+        selective with a sparsemax Eq. 3, the ``K = min(word_capacity, S_max)``
+        of largest weight (``topk``; the support, unless it overflows);
+        otherwise every sentence of the document (``K = S_max``)."""
+        T, B, H, hd = qw.shape
+        s_max = rows.size(1)
+        alpha_s = self._sentence_weights(qs, memory, rows, vis, bias, self.sentence_attn)
+        support = (alpha_s != 0).detach()  # B x H x T x S_max
+        rows_bhts = rows.view(B, 1, 1, s_max).expand(B, H, T, s_max)
+        overflow = None
+        if self.selective and self.sentence_attn == "sparsemax" and self.word_capacity < s_max:
+            a_sel, idx = alpha_s.topk(self.word_capacity, dim=-1)  # B x H x T x K
+            sel = rows_bhts.gather(-1, idx)
+            overflow = support.sum(-1) > self.word_capacity
+        else:
+            a_sel, idx, sel = alpha_s, None, rows_bhts
+        in_support = (a_sel != 0).detach()
+        scores, g = self._word_scores(qw, memory, sel)
+        mask = memory.word_mask[sel] & in_support.unsqueeze(-1)
         alpha_w = masked_normalize(scores, mask, self.word_attn)  # Eq. 4
-        alpha = alpha_w * a_pad.unsqueeze(-1)  # Eq. 5
-        return torch.bmm(self.dropout_module(alpha), v_flat[groups]), alpha_w, alpha
-
-    def _hierarchical_selective(self, qs: Tensor, qw: Tensor, doc: DocumentSlice, vis: Tensor,
-                                tok: Tensor, want_word_w: bool, want_stats: bool,
-                                bias: Optional[Tensor] = None):
-        """Eq. 4-5 on the support of Eq. 3 only. The support pairs (query token
-        ``(b, t)``, head ``h``, sentence ``s``) are grouped by ``(s, h)``: each
-        group is one small GEMM of its queries against the sentence's keys, so
-        keys are gathered once per group (never per pair). Groups are bucketed
-        by their size rounded up to a power of two (padding < 2x) and
-        processed in chunks of about ``chunk_elems`` elements."""
-        T, bd, H, hd = qw.shape
-        s_d, l_d = doc.word_mask.shape
-        alpha_s = self._sentence_weights(qs, doc, vis, bias)  # Eq. 3, Bd x H x T x S_d
-        sel = (alpha_s != 0).detach()
-        b_i, h_i, t_i, s_i = sel.nonzero(as_tuple=True)  # the support of Eq. 3
-        grp, order = torch.sort(s_i * H + h_i, stable=True)
-        b_i, h_i, t_i, s_i = b_i[order], h_i[order], t_i[order], s_i[order]
-        n_pairs = grp.numel()
-        counts = torch.bincount(grp, minlength=s_d * H)
-        rank = torch.arange(n_pairs, device=grp.device) - (torch.cumsum(counts, 0) - counts)[grp]
-        width = torch.where(counts > 1, torch.exp2(torch.ceil(torch.log2(counts.double()))),
-                            counts.double()).long()  # per group: bucket width (0 = absent)
-        a_s = alpha_s[b_i, h_i, t_i, s_i]
-        q_p = qw[t_i, b_i, h_i]  # P x d
-        k_flat = doc.k_w.reshape(s_d * H, l_d, hd)
-        v_flat = doc.v_w.reshape(s_d * H, l_d, hd)
-        lut = torch.full_like(counts, -1)
-        pair_width = width[grp]
-        o_parts, p_parts, nw_parts, w_parts = [], [], [], []
-        for w in torch.unique(width[width > 0]).tolist():
-            gb = (width == w).nonzero().squeeze(1)  # this bucket's groups, ascending
-            pb = (pair_width == w).nonzero().squeeze(1)  # its pairs, ordered by group
-            lut[gb] = torch.arange(gb.numel(), device=gb.device)
-            gpos = lut[grp[pb]]
-            per_chunk = max(1, self.chunk_elems // (w * (l_d + hd) + 2 * l_d * hd))
-            bounds = torch.searchsorted(
-                gpos, torch.arange(0, gb.numel() + per_chunk, per_chunk, device=gpos.device)
-            ).tolist()
-            for c, g0 in enumerate(range(0, gb.numel(), per_chunk)):
-                pc = pb[bounds[c]:bounds[c + 1]]
-                gi, ri = gpos[bounds[c]:bounds[c + 1]] - g0, rank[pc]
-                groups = gb[g0:g0 + per_chunk]
-                shape = (groups.numel(), w)
-                q_pad = q_p.new_zeros(shape + (hd,)).index_put((gi, ri), q_p[pc])
-                a_pad = a_s.new_zeros(shape).index_put((gi, ri), a_s[pc])
-                valid = torch.zeros(shape, dtype=torch.bool, device=a_s.device)
-                valid[gi, ri] = True
-                o, alpha_w, alpha = self._selective_chunk(q_pad, a_pad, valid, groups,
-                                                          doc.word_mask, k_flat, v_flat)
-                o_parts.append(o[gi, ri])
-                p_parts.append(pc)
-                if want_stats:
-                    nw_parts.append((alpha_w[gi, ri] != 0).sum(-1))
-                if want_word_w:
-                    w_parts.append(alpha[gi, ri].detach())
-        pairs = torch.cat(p_parts) if p_parts else grp.new_zeros(0)
-        o_p = torch.cat(o_parts) if o_parts else q_p.new_zeros(0, hd)
-        flat = (t_i[pairs] * bd + b_i[pairs]) * H + h_i[pairs]
-        out = o_p.new_zeros(T * bd * H, hd).index_add(0, flat, o_p).view(T, bd, H, hd)
+        alpha = alpha_w * a_sel.unsqueeze(-1)  # Eq. 5
+        out = self._read_values(self.dropout_module(alpha), memory, g)
         word_alpha = None
         if want_word_w:
-            word_alpha = alpha_s.new_zeros(bd, H, T, s_d, l_d)
-            word_alpha[b_i[pairs], h_i[pairs], t_i[pairs], s_i[pairs]] = torch.cat(w_parts)
+            word_alpha = alpha.detach()
+            if idx is not None:
+                word_alpha = alpha.new_zeros(B, H, T, s_max, memory.max_len).scatter_(
+                    3, idx.unsqueeze(-1).expand_as(word_alpha), word_alpha)
         st = None
         if want_stats:
-            nw = torch.cat(nw_parts) if nw_parts else grp.new_zeros(0)
-            st = self._stats(vis, tok, sel.sum(-1), nw, tok[b_i[pairs], t_i[pairs]])
+            if overflow is None:
+                overflow = torch.zeros_like(support[..., 0])
+            st = self._stats(vis, tok, support, (alpha_w != 0).sum(-1), overflow)
         return out, alpha_s, word_alpha, st
 
-    def _flat_sentence(self, qs: Tensor, doc: DocumentSlice, vis: Tensor, tok: Tensor,
-                       want_stats: bool, bias: Optional[Tensor] = None):
-        scores = torch.einsum("tbhd,shd->bhts", qs, doc.k_s)
-        if bias is not None:
-            scores = scores + bias
-        alpha = masked_normalize(scores, vis[:, None, None, :], "softmax")  # Eq. 6
-        out = torch.einsum("bhts,shd->tbhd", self.dropout_module(alpha), doc.v_s)
+    def _flat_sentence(self, qs: Tensor, memory: ProjectedMemory, rows: Tensor, vis: Tensor,
+                       tok: Tensor, want_stats: bool, bias: Optional[Tensor] = None):
+        alpha = self._sentence_weights(qs, memory, rows, vis, bias, "softmax")  # Eq. 6
+        out = torch.einsum("bhts,bshd->tbhd", self.dropout_module(alpha), memory.v_s[rows])
         st = None
         if want_stats:
-            sel = (alpha != 0).detach()
-            empty = alpha.new_zeros(0)
-            st = self._stats(vis, tok, sel.sum(-1), empty, empty)
+            st = self._stats(vis, tok, (alpha != 0).detach(), None)
         return out, alpha, None, st
 
-    def _flat_word(self, qw: Tensor, doc: DocumentSlice, vis: Tensor, tok: Tensor,
-                   want_word_w: bool, want_stats: bool, bias: Optional[Tensor] = None):
-        T, bd, H, _ = qw.shape
-        s_d, l_d = doc.word_mask.shape
-        scores = torch.einsum("tbhd,shld->bhtsl", qw, doc.k_w)
+    def _flat_word(self, qw: Tensor, memory: ProjectedMemory, rows: Tensor, vis: Tensor,
+                   tok: Tensor, want_word_w: bool, want_stats: bool,
+                   bias: Optional[Tensor] = None):
+        T, B, H, _ = qw.shape
+        s_max, L = rows.size(1), memory.max_len
+        sel = rows.view(B, 1, 1, s_max).expand(B, H, T, s_max)
+        scores, g = self._word_scores(qw, memory, sel)
         if bias is not None:  # the sentence's bias on every word of it
             scores = scores + bias.unsqueeze(-1)
-        scores = scores.reshape(bd, H, T, s_d * l_d)
-        mask = (vis[:, :, None] & doc.word_mask.unsqueeze(0)).view(bd, 1, 1, s_d * l_d)
-        alpha = masked_normalize(scores, mask, "softmax").view(bd, H, T, s_d, l_d)  # Eq. 6
-        out = torch.einsum("bhtsl,shld->tbhd", self.dropout_module(alpha), doc.v_w)
+        mask = (vis.unsqueeze(-1) & memory.word_mask[rows]).view(B, 1, 1, s_max * L)
+        alpha = masked_normalize(scores.reshape(B, H, T, s_max * L), mask, "softmax")  # Eq. 6
+        alpha = alpha.view(B, H, T, s_max, L)
+        out = self._read_values(self.dropout_module(alpha), memory, g)
         alpha_sent = alpha.sum(-1)
         st = None
         if want_stats:
-            sel = (alpha_sent != 0).detach()
-            nw = (alpha != 0).sum(-1)
-            st = self._stats(vis, tok, sel.sum(-1), nw[sel],
-                             tok.unsqueeze(1).unsqueeze(-1).expand_as(sel)[sel])
+            st = self._stats(vis, tok, (alpha_sent != 0).detach(), (alpha != 0).sum(-1))
         return out, alpha_sent, (alpha.detach() if want_word_w else None), st
-
-    # ----------------------------------------------------------- analyses
-    @staticmethod
-    def _pad_sentence_weights(parts: List[Tuple[Tensor, Optional[DocumentSlice]]],
-                              sizes: List[int], s_max: int) -> Tuple[Tensor, Tensor]:
-        ws, idx = [], []
-        for (w, doc), bd in zip(parts, sizes):
-            ws.append(nn.functional.pad(w, (0, s_max - w.size(-1))))
-            ix = torch.full((bd, s_max), -1, dtype=torch.long, device=w.device)
-            if doc is not None and doc.num_sentences:
-                ix[:, :doc.num_sentences] = torch.arange(doc.start, doc.end, device=w.device)
-            idx.append(ix)
-        return torch.cat(ws, 0), torch.cat(idx, 0)
-
-    def _pad_word_weights(self, parts: List[Optional[Tensor]], doc_ids: List[int],
-                          memory: ProjectedMemory, sizes: List[int], s_max: int,
-                          query: Tensor) -> Tensor:
-        T, H, L = query.size(0), self.num_heads, memory.max_len
-        out = []
-        for a, doc_id, bd in zip(parts, doc_ids, sizes):
-            w = query.new_zeros(bd, H, T, s_max, L)
-            if a is not None:
-                doc = memory.docs[doc_id]
-                w[:, :, :, :doc.num_sentences, doc.lo:doc.hi] = a.to(w.dtype)
-            out.append(w)
-        return torch.cat(out, 0)
 
 
 class ContextGating(nn.Module):
@@ -792,13 +791,15 @@ class DocumentContextLayer(nn.Module):
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
                  activation_fn: str = "relu", kdim: Optional[int] = None,
                  vdim: Optional[int] = None, export: bool = False,
-                 chunk_elems: int = 1 << 22, sentence_distance: int = 0):
+                 chunk_elems: int = 1 << 25, sentence_distance: int = 0,
+                 word_capacity: int = WORD_CAPACITY):
         super().__init__()
         self.embed_dim = embed_dim
         self.context_attn = HierarchicalContextAttention(
             embed_dim, num_heads, attention=attention, sentence_attn=sentence_attn,
             word_attn=word_attn, selective=selective, attention_dropout=attention_dropout,
-            kdim=kdim, vdim=vdim, chunk_elems=chunk_elems, sentence_distance=sentence_distance)
+            kdim=kdim, vdim=vdim, chunk_elems=chunk_elems, sentence_distance=sentence_distance,
+            word_capacity=word_capacity)
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.attn_layer_norm = LayerNorm(embed_dim, export=export)
         self.activation_fn = utils.get_activation_fn(activation_fn)
@@ -810,10 +811,11 @@ class DocumentContextLayer(nn.Module):
         self.gate = ContextGating(embed_dim)
 
     def project_memory(self, mem_keys: Tensor, mem_values: Tensor, mem_word_mask: Tensor,
-                       mem_doc: Tensor, mem_pos: Tensor) -> ProjectedMemory:
+                       mem_doc: Tensor, mem_pos: Tensor, doc_rows: Optional[Tensor] = None,
+                       doc_valid: Optional[Tensor] = None) -> ProjectedMemory:
         """See :meth:`HierarchicalContextAttention.project_memory`."""
         return self.context_attn.project_memory(mem_keys, mem_values, mem_word_mask,
-                                                mem_doc, mem_pos)
+                                                mem_doc, mem_pos, doc_rows, doc_valid)
 
     def forward(self, r: Tensor, memory: ProjectedMemory, query_doc: Tensor,
                 query_pos: Tensor, online: bool, query: Optional[Tensor] = None,
