@@ -723,6 +723,15 @@ class DocumentContextDataset(FairseqDataset):
         * ``query_mem_row`` (``B``): the memory row that holds the query
           sentence itself (-1 if none), so that a model can encode each
           sentence once;
+        * the same as index tensors, so that a model needs no host read:
+          ``mem_doc_rows`` / ``mem_doc_valid`` (``D x S_max``, ``S_max`` the
+          largest memory of a document, at least 1): the memory rows of
+          document ``d`` in position order (0 where not valid);
+          ``mem_state_index`` (``S``) and ``mem_extra_rows`` (``E``): memory
+          row ``s``'s encoder states are column ``mem_state_index[s]`` of the
+          batch's query encodings (``0..B-1``) followed by those of the memory
+          rows ``mem_extra_rows`` (the memory sentences that are no query of
+          the batch, ``B..B+E-1``);
         * ``mem_tgt_tokens`` / ``mem_tgt_lengths`` with target memory (target
           context on): the target side of the same sentences (references, or
           ``tgt_context``), padded like the target, and ``mem_tgt_prev_tokens``
@@ -743,6 +752,22 @@ class DocumentContextDataset(FairseqDataset):
             "query_mem_row": torch.tensor([row_of.get(int(i), -1) for i in ids],
                                           dtype=torch.long),
         }
+        mem_doc = out["mem_doc"].numpy()
+        counts = np.bincount(mem_doc, minlength=len(docs)) if len(mem) else \
+            np.zeros(len(docs), dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        s_max = max(1, int(counts.max()) if len(counts) else 1)
+        slot = np.arange(s_max)[None, :]
+        valid = slot < counts[:, None]
+        out["mem_doc_rows"] = torch.from_numpy(np.where(valid, starts[:, None] + slot, 0))
+        out["mem_doc_valid"] = torch.from_numpy(valid)
+        query_col = np.full(len(mem), -1, dtype=np.int64)
+        qrow = out["query_mem_row"].numpy()
+        query_col[qrow[qrow >= 0]] = np.flatnonzero(qrow >= 0)
+        extra = np.flatnonzero(query_col < 0)
+        query_col[extra] = len(ids) + np.arange(len(extra))
+        out["mem_state_index"] = torch.from_numpy(query_col)
+        out["mem_extra_rows"] = torch.from_numpy(extra.astype(np.int64))
         sides = [("src", self.base.src, self.src_dict, self.left_pad_source)]
         if self.tgt_context_size > 0:
             sides.append(("tgt", self._sentences("tgt"), self.tgt_dict, self.left_pad_target))
