@@ -12,9 +12,15 @@ runs first):
 * **inference throughput**: sentences per second of beam search through
   fairseq's ``SequenceGenerator``; every hypothesis is forced to exactly
   ``--tgt-len`` tokens (``min_len = max_len``) so all models do equal work;
-* **peak memory** of a training step: on CUDA ``max_memory_allocated``; on the
-  CPU, the bytes of parameters, gradients and optimizer state plus the peak of
-  tensor memory allocated during the step (torch profiler);
+* **peak memory** of a training step, each model's own: the bytes of its
+  parameters, gradients and optimizer state plus the peak of the tensor memory
+  allocated during one step above what was allocated when the step began
+  (CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``, minus
+  ``memory_allocated`` at the start of the step; CPU: the torch profiler's
+  allocations and frees). The models measured before one stay alive for the
+  interleaved repeats; what they hold is allocated before the step begins and
+  so never counts (it did: ``max_memory_allocated`` alone grew with every
+  model measured before). The batch itself is not counted (on either device);
 * **parameter count**;
 * **the analytic bound on the throughput ratio**: baseline FLOPs / arch FLOPs
   of one training step (forward + backward), counted by
@@ -111,11 +117,56 @@ def _tokens(sample) -> int:
         tokens -= int(sample["target_prefix_len"].sum())
     return tokens
 
+def resident_bytes(model, opt) -> int:
+    """Bytes of ``model``'s parameters, their gradients and ``opt``'s state."""
+    params = list(model.parameters())
+    total = sum(p.numel() * p.element_size() for p in params)
+    total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    for state in opt.state.values():
+        total += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
+    return total
+
+
+class CudaMemoryStats:
+    """The CUDA caching allocator's counters (``step_peak_bytes`` reads them
+    through this interface, so the arithmetic is tested on the CPU with a
+    fake)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def synchronize(self):
+        torch.cuda.synchronize(self.device)
+
+    def reset_peak(self):
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def max_allocated(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+
+def step_peak_bytes(step, stats) -> int:
+    """The peak of the memory allocated while ``step()`` runs, above what was
+    allocated when it began: what other models (and this one's resident
+    tensors) hold before the step is subtracted, so the figure is the step's
+    own whatever else is alive on the device."""
+    stats.synchronize()
+    stats.reset_peak()
+    start = stats.allocated()
+    step()
+    stats.synchronize()
+    return stats.max_allocated() - start
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
         self.device = torch.device(args.device)
         self.batch_size = max(1, args.max_tokens // args.tgt_len)
+        self.memory_stats = CudaMemoryStats(self.device) if self.device.type == "cuda" else None
 
     # ----------------------------------------------------------------- build
     def build(self, arch: str, extra: List[str]):
@@ -264,22 +315,18 @@ class Bench:
         return float(counter.total)
 
     def peak_memory_mb(self, entry) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.train_step(entry)
-            torch.cuda.synchronize()
-            return torch.cuda.max_memory_allocated() / 2 ** 20
+        """The model's own peak (module docstring): resident bytes (its
+        parameters, gradients, optimizer state) + the step's peak above the
+        memory allocated when it began."""
+        self.train_step(entry)  # gradients and optimizer state exist from here on
+        resident = resident_bytes(entry["model"], entry["opt"])
+        if self.memory_stats is not None:  # CUDA
+            return (resident + step_peak_bytes(lambda: self.train_step(entry),
+                                               self.memory_stats)) / 2 ** 20
         from torch.profiler import ProfilerActivity, profile
 
         from ctx_fairseq.flops import counted_op_names
 
-        self.train_step(entry)  # gradients and optimizer state exist from here on
-        resident = sum(p.numel() * p.element_size() for p in entry["model"].parameters())
-        resident += sum(p.grad.numel() * p.grad.element_size()
-                        for p in entry["model"].parameters() if p.grad is not None)
-        for state in entry["opt"].state.values():
-            resident += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             start = time.perf_counter()
             self.train_step(entry)
