@@ -137,7 +137,8 @@ def test_none_brings_shuffled_and_conditions_checked(loaded):
 
 
 def test_batch_logprobs_adds_no_host_read(loaded):
-    """The per-batch work beyond the model's forward reads nothing back."""
+    """The per-batch work beyond the model's forward reads nothing back (the
+    batch is moved to the device before, host-to-device)."""
     from ctx_fairseq.eval import cxmi
     from ctx_fairseq.host_reads import HostReadCounter
 
@@ -147,7 +148,7 @@ def test_batch_logprobs_adds_no_host_read(loaded):
     with HostReadCounter() as bare, torch.no_grad():
         model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
     with HostReadCounter() as ours, torch.no_grad():
-        cxmi.batch_logprobs(model, sample, torch.device("cpu"))
+        cxmi.batch_logprobs(model, sample["net_input"], sample["target"])
     assert ours.by_op == bare.by_op
 
 
@@ -205,6 +206,14 @@ def test_cli(context_ckpt, toy_bin, tmp_path, capsys):
     got = json.loads((tmp_path / "cxmi.json").read_text())
     assert got["conditions"] == ["shuffled"] and got["split"] == "valid"
     assert "| shuffled |" in capsys.readouterr().out
+
+
+def test_console_script():
+    from ctx_fairseq.cli import entry_points
+
+    setup = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "setup.py")).read()
+    assert '"ctx-cxmi = ctx_fairseq.cli.entry_points:cxmi"' in setup
+    assert callable(entry_points.cxmi)
 
 
 def test_merge_words():

@@ -164,15 +164,12 @@ def _has_context(ds) -> np.ndarray:
 
 
 # -------------------------------------------------------------------- scoring
-def batch_logprobs(model, sample: Dict, device) -> torch.Tensor:
-    """``B x T`` float32 log-probabilities of ``sample["target"]`` on ``device``
-    (the model's ``get_normalized_probs`` of one forward pass, as fairseq's
-    validation computes them); no host read."""
-    from fairseq import utils
-
-    net_input = utils.apply_to_sample(lambda t: t.to(device), sample["net_input"])
+def batch_logprobs(model, net_input: Dict, target: torch.Tensor) -> torch.Tensor:
+    """``B x T`` float32 log-probabilities of ``target`` (the model's
+    ``get_normalized_probs`` of one forward pass, as fairseq's validation
+    computes them), on the device of ``net_input`` and ``target``; no host
+    read."""
     lprobs = model.get_normalized_probs(model(**net_input), log_probs=True)
-    target = sample["target"].to(device)
     return lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()
 
 
@@ -197,8 +194,9 @@ def token_logprobs(model, task, ds, max_tokens: Optional[int] = None,
     for sample in itr:
         if not sample:
             continue
-        pieces.append(batch_logprobs(model, sample, device).reshape(-1))
-        target = sample["target"]
+        target = sample["target"]  # host copies stay for the bookkeeping below
+        on_device = utils.apply_to_sample(lambda t: t.to(device), sample["net_input"])
+        pieces.append(batch_logprobs(model, on_device, target.to(device)).reshape(-1))
         keep = target.ne(pad).numpy()
         if "target_prefix_len" in sample:  # concatenation: the current sentence only
             cols = np.arange(target.size(1))[None, :]
@@ -460,8 +458,10 @@ def _plots(result: Dict, words: List[Dict], hist_png: str, pos_png: str) -> None
 
     conds = result["conditions"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for c in conds:
-        ax.hist([r["p_cxmi"][c] for r in words], bins=50, alpha=0.5, label=f"against {c}")
+    values = {c: np.array([r["p_cxmi"][c] for r in words]) for c in conds}
+    bins = np.histogram_bin_edges(np.concatenate(list(values.values())), bins=50)
+    for c in conds:  # the same bins for every condition
+        ax.hist(values[c], bins=bins, alpha=0.5, label=f"against {c}")
     ax.set_xlabel("P-CXMI per word (nats)")
     ax.set_ylabel("words")
     ax.set_yscale("log")
