@@ -289,6 +289,115 @@ def test_encoder_padding_invariance(mode):
         assert (out - alone).abs().max() < 1e-10, (mode, left)
 
 
+# ------------------------------------------------------ half precision
+LONG = 200  # words: the Gaussian bias reaches -2 * 200^2 / D^2
+
+
+def _long_batch(causal):
+    """``T x B x C`` inputs of a 200-word sentence and a 163-word one (left
+    padded), their key padding mask (encoder) or future mask (decoder), and the
+    real tokens' mask (``T x B``)."""
+    g = torch.Generator().manual_seed(1)
+    x = 3 * torch.randn(LONG, 2, D, generator=g)
+    if causal:
+        return x, None, torch.triu(torch.full((LONG, LONG), float("-inf")), 1), \
+            torch.ones(LONG, 2, dtype=torch.bool)
+    kpm = torch.zeros(2, LONG, dtype=torch.bool)
+    kpm[1, :37] = True
+    return x, kpm, None, ~kpm.t()
+
+
+def _gauss_attention(mode, causal, narrow=False):
+    """A float32 Gaussian-mode attention with large energies (``|xi|`` in the
+    hundreds, so that ``finfo(float16).min + xi`` overflows); ``narrow``: the
+    predicted window vanishes (``D_i`` at its 1e-3 floor), so that every key of a
+    row whose predicted centre falls between two words gets a bias below
+    float16's range."""
+    torch.manual_seed(0)
+    m = HybridMultiheadAttention(D, HEADS, HybridAttentionConfig(mode, 1), causal=causal)
+    with torch.no_grad():
+        m.q_proj.weight.mul_(4)
+        if narrow:
+            m.window_predictor.proj.bias.fill_(3.0)
+            m.window_predictor.score.weight.fill_(-1.0)
+    return m.eval()
+
+
+def _relative_errors(m, dtype, causal, autocast):
+    """``|y - y_fp32| / max|y_fp32|`` over the real tokens, where ``y`` is ``m``
+    cast to ``dtype`` (as ``fairseq-train --fp16`` casts the model), or run
+    under CPU autocast, and ``y_fp32`` the float32 module on the same (rounded)
+    weights and inputs: the error of the arithmetic, not of the rounded inputs."""
+    x, kpm, mask, real = _long_batch(causal)
+    with torch.no_grad():
+        if autocast:
+            ref = m(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=False)[0]
+            with torch.autocast("cpu", dtype=dtype):
+                y = m(x, x, x, key_padding_mask=kpm, attn_mask=mask, need_weights=False)[0]
+        else:
+            m = m.to(dtype)
+            xq = x.to(dtype)
+            y = m(xq, xq, xq, key_padding_mask=kpm, need_weights=False,
+                  attn_mask=None if mask is None else mask.to(dtype))[0]
+            m = m.float()
+            xq = xq.float()
+            ref = m(xq, xq, xq, key_padding_mask=kpm, attn_mask=mask, need_weights=False)[0]
+    y = y.float()
+    assert torch.isfinite(y[real]).all(), "non-finite outputs at real tokens"
+    return (y - ref)[real].abs() / ref[real].abs().max()
+
+
+# max relative error against float32 (see _relative_errors): float16 keeps 11
+# significant bits, bfloat16 8; a Gaussian centre predicted as I * sigmoid(.)
+# moves by I x the rounding of its input projection (up to 0.4 words of a
+# 200-word sentence in bfloat16), which moves a D = 3 Gaussian's weights;
+# under autocast the float32 reference also keeps the unrounded input.
+HALF_TOLERANCE = {(torch.float16, False): 0.02, (torch.bfloat16, False): 0.15,
+                  (torch.bfloat16, True): 0.25}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("mode", GAUSSIAN_MODES)
+@pytest.mark.parametrize("dtype, autocast", list(HALF_TOLERANCE),
+                         ids=["float16", "bfloat16", "autocast-bfloat16"])
+def test_gaussian_modes_in_half_precision_match_float32(mode, causal, dtype, autocast):
+    """200-word sentences, energies in the hundreds: finite, and within
+    HALF_TOLERANCE of float32 (measured: float16 <= 0.008, bfloat16 <= 0.08,
+    autocast bfloat16 <= 0.20). Before the bias was added in float32, float16 came to 0.039 for
+    gauss-center."""
+    err = _relative_errors(_gauss_attention(mode, causal), dtype, causal, autocast)
+    assert err.max() <= HALF_TOLERANCE[dtype, autocast], (mode, err.max())
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("mode", ["gauss-window", "gauss-both"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_gaussian_bias_below_half_range_stays_finite(mode, causal, dtype):
+    """A vanishing predicted window (``D_i = 1e-3``) on 200-word sentences puts
+    the bias of most keys, and with gauss-both's fractional centres of every key
+    of a row, far below float16's range. The output stays finite and close to
+    float32 on average (mean relative error; the maximum is not defined here:
+    with such a window a row's output jumps from one word to its neighbour when
+    the predicted centre crosses the midpoint, which rounding may move it
+    across). Before: float16 gave NaN rows (decoder) and a mean error of 0.058
+    (encoder) for gauss-both, as finfo(float16).min + xi overflowed to -inf."""
+    err = _relative_errors(_gauss_attention(mode, causal, narrow=True), dtype, causal, False)
+    assert err.mean() <= (0.01 if dtype == torch.float16 else 0.02), (mode, err.mean())
+
+
+def test_gaussian_bias_is_float32_for_half_energies():
+    """The bias is never cast down to half precision: float32 for float16/bfloat16
+    energies (the add and the softmax run in float32), the energy's own dtype
+    for float32/float64."""
+    m = attention("gauss-both", 1)
+    x = torch.randn(5, 2, D, dtype=torch.float64)
+    assert m._gaussian_bias(x, None, 2, 5, 5, torch.float64).dtype == torch.float64
+    m = m.half()
+    for dtype in (torch.float16, torch.bfloat16):
+        assert m._gaussian_bias(x.half(), None, 2, 5, 5, dtype).dtype == torch.float32
+    assert m.center_predictor(x.half()).dtype == torch.float32
+
+
 def test_gate_never_sees_padding():
     """The gate of a real token depends only on that token's input; the local
     pattern gives padded keys zero weight."""

@@ -80,6 +80,20 @@ Choices where the paper is silent (tested in tests/test_transformer_hybrid.py):
   in ``concat`` mode.
 * **Softmax precision**: half-precision energies are normalised in float32 (as
   fairseq does); float32/float64 stay in their own precision.
+* **Gaussian bias in half precision** (``--fp16``, autocast): ``G`` reaches
+  ``-2 (p_j - P_i)^2 / D_i^2``, far below float16's range for long sentences or
+  narrow predicted windows (``D_i >= 1e-3``: down to ``-2e6`` per squared word of
+  distance). It is computed in float32 and added to the energy **in float32**
+  (the energy is upcast for the add, the softmax runs in float32 and only the
+  probabilities are cast back). Clamping ``G`` to float16's most negative value
+  before a half-precision add is not enough: ``finfo.min + xi`` overflows to
+  ``-inf`` for any ``xi < -16``, a row whose keys are all far from a fractional
+  predicted centre becomes all ``-inf`` (NaN) or ties at ``finfo.min`` (a
+  uniform row where float32 has a peaked one), and a bias of a few thousand
+  already rounds the energy to a multiple of 4-8. Tested: float16 / bfloat16
+  models and autocast against float32, every Gaussian mode, 200-token sentences
+  and vanishing predicted windows. The masks of ``gate``/``concat``/``local`` are
+  written with ``masked_fill`` (no add), so ``finfo(dtype).min`` is safe there.
 """
 
 from dataclasses import dataclass
@@ -191,7 +205,16 @@ class _PositionPredictor(nn.Module):
         nn.init.normal_(self.score.weight, std=embed_dim**-0.5)
 
     def forward(self, h: Tensor) -> Tensor:  # T x B x C -> T x B
-        return torch.sigmoid(self.score(torch.tanh(self.proj(h))).squeeze(-1))
+        """The sigmoid, float32 (float64 for float64 inputs)."""
+        t = torch.tanh(self.proj(h))
+        # Precision upcast: the result is scaled by the sentence length (a position
+        # in [0, I)), so the d -> 1 score and its sigmoid run in float32: in
+        # bfloat16 a sigmoid near 1 has a resolution of 2^-9, i.e. 0.4 words of a
+        # 200-word sentence. The d x d projection stays in the compute dtype.
+        work = torch.promote_types(t.dtype, torch.float32)
+        with torch.autocast(t.device.type, enabled=False):
+            s = F.linear(t.to(work), self.score.weight.to(work))
+        return torch.sigmoid(s.squeeze(-1))
 
 
 class HybridMultiheadAttention(MultiheadAttention):
@@ -305,7 +328,10 @@ class HybridMultiheadAttention(MultiheadAttention):
         self, h: Tensor, key_padding_mask: Optional[Tensor], bsz: int, tgt_len: int,
         src_len: int, dtype: torch.dtype,
     ) -> Tensor:
-        """``G`` of shape ``B x 1 x T x S`` (shared by the heads)."""
+        """``G`` of shape ``B x 1 x T x S`` (shared by the heads), in
+        ``promote_types(dtype, float32)``: float32 for half-precision energies
+        (see "Gaussian bias in half precision" in the module docstring), never
+        cast down; finite for every dtype (``D_i >= 1e-3``)."""
         device = h.device
         work = torch.promote_types(dtype, torch.float32)  # half -> float32
         if key_padding_mask is not None and key_padding_mask.size(-1) == src_len:
@@ -331,8 +357,6 @@ class HybridMultiheadAttention(MultiheadAttention):
         # G_ij = -(p_j - P_i)^2 / (2 sigma_i^2), sigma_i = D_i / 2
         dist = key_pos.unsqueeze(1) - center.unsqueeze(2)  # B x T x S
         bias = -2.0 * dist.pow(2) / width.pow(2).unsqueeze(2)
-        if work != dtype:
-            bias = bias.clamp(min=torch.finfo(dtype).min).to(dtype)
         return bias.unsqueeze(1)
 
     # --------------------------------------------------------------- forward
@@ -423,10 +447,15 @@ class HybridMultiheadAttention(MultiheadAttention):
                 if pad is not None:
                     mask = (mask.unsqueeze(0) | pad).unsqueeze(1)  # B x 1 x T x S
                 logits = energy.masked_fill(mask, very_negative)
+                weights = self._softmax(logits)
             else:
-                logits = energy + self._gaussian_bias(
+                bias = self._gaussian_bias(
                     query, key_padding_mask, bsz, tgt_len, src_len, energy.dtype)
-            weights = self._softmax(logits)
+                # Stability upcast: half-precision energies are added to the float32
+                # bias and normalised in float32 (the softmax upcasts them anyway);
+                # a no-op for float32/float64. See the module docstring.
+                logits = energy.to(bias.dtype) + bias
+                weights = F.softmax(logits, dim=-1).to(energy.dtype)
             attn = torch.matmul(self.dropout_module(weights), v)
 
         attn = attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
