@@ -321,7 +321,10 @@ def test_context_sentences_are_encoded_alone_by_the_sentence_encoder():
     model, d = build()
     net, parts = batch(d, [2], 9)
     sents, present = model.encoder.split(net["src_ctx_tokens"])
-    states = model.encoder.encode_sentences(sents, present, torch.zeros(1, 1, 32).double())
+    filled = model.encoder.fill_empty(sents, present)
+    assert filled[0].tolist() == [d.eos()] + [d.pad()] * (sents.size(1) - 1)  # an empty slot
+    assert torch.equal(filled[1:], sents[1:])
+    states = model.encoder.encode_sentences(filled, present, torch.zeros(1, 1, 32).double())
     for j, s in enumerate(parts["sctx"][0]):
         alone = model.encoder.forward_scriptable(s.view(1, -1))["encoder_out"][0][:, 0]
         assert torch.allclose(states[:len(s), K - 2 + j], alone, atol=1e-12)
@@ -512,6 +515,122 @@ def test_custom_separator(toy_bin):
     got = [[x for x in r.tolist() if x != task.source_dictionary.pad()] for r in sents[1:]]
     assert got == [ds.base.src[i - 2].tolist(), ds.base.src[i - 1].tolist()]
     assert present.tolist() == [[False, True, True]]
+
+
+def _task_and_model(toy_bin, argv, arch="transformer_han_tiny"):
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [toy_bin, "--arch", arch, *TINY_MODEL_ARGS, "--dropout", "0", *argv])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(0)
+    model = task.build_model(cfg.model)
+    return task, model, cfg
+
+
+@pytest.mark.parametrize("separator", [False, True])
+def test_collater_lays_out_the_context_sentences_as_split_context(toy_bin, separator):
+    """The task's collater builds the HAN's B x k x L context rows and the
+    present mask on the CPU (no host reads in the model): exactly what
+    split_context computes from the concatenated context, for every batch of
+    the toy data (both sides, first sentences without context, a custom
+    separator), and the model's output is the same from either."""
+    from fairseq.data import Dictionary
+
+    argv = list(HAN_ARGS)
+    if separator:
+        d = Dictionary.load(os.path.join(toy_bin, "dict.src.txt"))
+        argv += ["--context-separator", d[d.nspecial + 3]]
+    task, model, _ = _task_and_model(toy_bin, argv)
+    model = model.double().eval()
+    task.load_dataset("valid")
+    ds = task.datasets["valid"]
+    d = task.source_dictionary
+    itr = task.get_batch_iterator(ds, max_tokens=300, seed=1).next_epoch_itr(shuffle=False)
+    n_batches = n_empty = 0
+    for sample in itr:
+        ni = sample["net_input"]
+        B = ni["src_tokens"].size(0)
+        for side in ("src", "tgt"):
+            rows, present = split_context(ni[f"{side}_ctx_tokens"], d.pad(),
+                                          (d.eos(), ds.separator), d.eos(), K,
+                                          non_words=(d.bos(),))
+            got = ni[f"{side}_ctx_sentences"]
+            assert got.shape == (B, K, rows.size(1))
+            assert torch.equal(got.view(B * K, -1), rows), side
+            assert torch.equal(ni[f"{side}_ctx_present"], present), side
+            n_empty += int((~present).sum())
+        with torch.no_grad():
+            out = model(**ni)[0]
+            old = {k: v for k, v in ni.items() if not k.endswith(("_sentences", "_present"))}
+            ref = model(**old)[0]
+        assert torch.allclose(out, ref, atol=1e-10)
+        n_batches += 1
+    assert n_batches > 1 and n_empty > 0
+    # the encoder-only HAN gets the rows of the source side only
+    task2, _, _ = _task_and_model(toy_bin, HAN_ENC_ARGS, arch="transformer_han_enc")
+    task2.load_dataset("valid")
+    ds2 = task2.datasets["valid"]
+    ni = ds2.collater([ds2[i] for i in range(4)])["net_input"]
+    assert "src_ctx_sentences" in ni and "tgt_ctx_sentences" not in ni
+
+
+def _host_reads(fn):
+    from ctx_fairseq.host_reads import HostReadCounter
+
+    with HostReadCounter() as reads:
+        fn()
+    return reads.total
+
+
+def test_no_host_reads_of_its_own(toy_bin):
+    """A training forward + backward and a beam search of the HAN (batches
+    of the task's collater) read back to the host exactly what fairseq's
+    transformer does, plus what fairseq's own encoder and decoder passes read
+    once for the previous sentences (one pass each: they are encoded and
+    decoded without gradients, each alone); nothing in the HAN's own code
+    (no splitting, no nonzero, no per-row selection), so nothing that grows
+    with the batch or the decoding steps."""
+    from omegaconf import OmegaConf
+    from fairseq.dataclass.configs import GenerationConfig
+
+    gen_cfg = OmegaConf.structured(GenerationConfig)
+    gen_cfg.beam, gen_cfg.max_len_a, gen_cfg.max_len_b, gen_cfg.min_len = 3, 0, 6, 6
+
+    def measure(arch, argv):
+        task, model, cfg = _task_and_model(toy_bin, [*argv, "--criterion",
+                                                     "label_smoothed_cross_entropy"], arch)
+        crit = task.build_criterion(cfg.criterion)
+        task.load_dataset("valid")
+        ds = task.datasets["valid"]
+        sample = ds.collater([ds[i] for i in range(0, 6)])  # first sentences included
+        model.train()
+
+        def step():
+            crit(model, sample)[0].backward()
+
+        train = _host_reads(step)
+        model.eval()
+        gen = task.build_generator([model], gen_cfg)
+        with torch.no_grad():
+            beam = _host_reads(lambda: task.inference_step(gen, [model], sample))
+        return model, sample, train, beam
+
+    base, sample, t_train, t_beam = measure("transformer", ["--task", "translation"])
+    # fairseq's reads of one encoder pass and one decoder pass of these shapes
+    ni = sample["net_input"]
+    with torch.no_grad():
+        enc_pass = _host_reads(lambda: base.encoder.forward_scriptable(ni["src_tokens"]))
+        enc = base.encoder.forward_scriptable(ni["src_tokens"])
+        dec_pass = _host_reads(
+            lambda: base.decoder.extract_features_scriptable(ni["prev_output_tokens"], enc))
+    assert enc_pass + dec_pass == t_train  # the transformer's step is exactly these
+    model, _, h_train, h_beam = measure("transformer_han_tiny", [*HAN_ARGS,
+                                                                 "--gold-target-context"])
+    assert h_train == t_train + enc_pass + dec_pass
+    assert h_beam == t_beam + enc_pass + dec_pass
+    _, _, e_train, e_beam = measure("transformer_han_enc", HAN_ENC_ARGS)
+    assert e_train == t_train + enc_pass and e_beam == t_beam + enc_pass
 
 
 # --------------------------------------------------------------------------- --max-tokens

@@ -668,7 +668,52 @@ class DocumentContextDataset(FairseqDataset):
         toks = data_utils.collate_tokens(list(items), d.pad(), d.eos(), left_pad=left,
                                          pad_to_length=1, pad_to_multiple=self.pad_to_multiple)
         lengths = torch.tensor([t.numel() for t in items], dtype=torch.long)
-        return {f"{side}_ctx_tokens": toks, f"{side}_ctx_lengths": lengths}
+        out = {f"{side}_ctx_tokens": toks, f"{side}_ctx_lengths": lengths}
+        if self.context_layout[side] == "sentences":
+            out.update(self.collate_context_sentences(items, side))
+        return out
+
+    def collate_context_sentences(self, items: Sequence[torch.Tensor],
+                                  side: str) -> Dict[str, torch.Tensor]:
+        """The ``sentences`` layout (``CONTEXT_LAYOUTS``) of a batch's contexts,
+        built here on the CPU so that the model's forward stays static-shaped
+        (no host reads): ``{side}_ctx_sentences`` (``B x k x L``, ``k``
+        :meth:`context_slots`, ``L >= 1`` the batch's longest kept context
+        sentence) and ``{side}_ctx_present`` (``B x k`` bool). Slot ``k-1`` is
+        the nearest sentence; each sentence is right-padded and ended by
+        ``</s>`` (the separator replaced); a sentence without words (only
+        separator, ``</s>``, ``<s>`` or padding symbols) leaves its slot empty
+        (a padding row, ``present`` False) and the others keep the slot of
+        their distance, so source and target slot ``j`` are the same previous
+        sentence. This is exactly what
+        :func:`ctx_fairseq.modules.han_attention.split_context` computes from
+        the collated ``B x Tc`` tensor (tested)."""
+        d = self.src_dict if side == "src" else self.tgt_dict
+        pad, eos, k = d.pad(), d.eos(), self.context_slots(side)
+        ends = {eos, self.separator}
+        non_words = ends | {d.bos(), pad}
+        rows: List[List[Optional[np.ndarray]]] = []
+        width = 1
+        for t in items:
+            toks = np.asarray(t, dtype=np.int64).reshape(-1)
+            cut = np.flatnonzero(np.isin(toks, list(ends))) + 1
+            sents = [s for s in np.split(toks, cut) if len(s)]
+            slots: List[Optional[np.ndarray]] = [None] * k
+            for dist, s in enumerate(reversed(sents[-k:] if k else [])):
+                if np.isin(s, list(non_words)).all():
+                    continue  # no words: the slot stays empty
+                s = np.where(np.isin(s, list(ends)), eos, s)
+                slots[k - 1 - dist] = s
+                width = max(width, len(s))
+            rows.append(slots)
+        sentences = torch.full((len(items), k, width), pad, dtype=torch.long)
+        present = torch.zeros(len(items), k, dtype=torch.bool)
+        for b, slots in enumerate(rows):
+            for j, s in enumerate(slots):
+                if s is not None:
+                    sentences[b, j, :len(s)] = torch.from_numpy(s)
+                    present[b, j] = True
+        return {f"{side}_ctx_sentences": sentences, f"{side}_ctx_present": present}
 
     def collater(self, samples, pad_to_length=None):
         batch = self.base.collater(samples, pad_to_length=pad_to_length) if pad_to_length \

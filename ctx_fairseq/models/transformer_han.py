@@ -12,9 +12,20 @@ module.
 Inputs (``--task document_translation --source-context-size k
 [--target-context-size k]``, ``k = --han-context-sentences``, 3 as in the
 paper): ``src_ctx_tokens`` / ``tgt_ctx_tokens``, the previous sentences one
-after the other, each ended by the separator. The model splits them into
-sentences (:func:`~ctx_fairseq.modules.han_attention.split_context`,
-independent of padding) and keeps the ``k`` nearest.
+after the other, each ended by the separator; and, laid out by the task's
+collater for this model (``context_layout``: ``sentences``), the same one
+sentence per row, the ``k`` nearest: ``src_ctx_sentences`` /
+``tgt_ctx_sentences`` (``B x k x L``) and ``*_ctx_present`` (``B x k``),
+built on the CPU so that the forward pass reads nothing back to the host.
+Without them (hand-made batches) the model splits the concatenated tokens
+itself (:func:`~ctx_fairseq.modules.han_attention.split_context`, the same
+rows, independent of padding; it reads sizes back to the host).
+
+Static shapes: every context row is encoded (and decoded), empty slots as a
+lone ``</s>`` whose states are zeroed and masked (no data-dependent row
+selection). The previous sentences are encoded (decoded) in a pass of their
+own, without gradients by default; that pass reads back what fairseq's
+encoder (decoder) reads in any pass, nothing else (tested).
 
 * HAN encoder: each previous source sentence is encoded on its own by the
   (shared) sentence-level encoder; its final states are the context of the
@@ -135,37 +146,65 @@ class HANEncoder(TransformerEncoderBase):
         self.record_statistics = False
         self.last_statistics: Optional[Tensor] = None
 
-    def split(self, ctx_tokens: Tensor):
-        """``(sentences (B*k) x L, present B x k)`` of a context input."""
-        d = self.dictionary
-        return split_context(ctx_tokens, d.pad(), (d.eos(), self.separator), d.eos(), self.k,
-                             non_words=(d.bos(),))
+    def split(self, ctx_tokens: Tensor, sentences: Optional[Tensor] = None,
+              present: Optional[Tensor] = None):
+        """``(sentences (B*k) x L, present B x k)`` of a context input: the
+        ``B x k x L`` rows and ``B x k`` mask the task's collater built (layout
+        ``sentences``, no host reads here), or, for callers that only have the
+        concatenated ``B x Tc`` tokens (ctx-bench, hand-made batches),
+        :func:`split_context` of them (which reads the batch's sizes back to the
+        host: slow on a GPU)."""
+        if sentences is None:
+            if present is not None:
+                raise ValueError("transformer_han: context sentences given without present")
+            d = self.dictionary
+            return split_context(ctx_tokens, d.pad(), (d.eos(), self.separator), d.eos(),
+                                 self.k, non_words=(d.bos(),))
+        B = ctx_tokens.size(0) if ctx_tokens is not None else sentences.size(0)
+        if present is None or sentences.dim() != 3 or sentences.shape[:2] != (B, self.k) or \
+                present.shape != (B, self.k):
+            raise ValueError(
+                f"transformer_han: expected the context as B x k x L sentences and a B x k "
+                f"present mask (k = {self.k}, B = {B}), got "
+                f"{tuple(sentences.shape)} and {None if present is None else tuple(present.shape)}")
+        return sentences.reshape(B * self.k, sentences.size(2)), present.to(torch.bool)
 
     def word_mask(self, sentences: Tensor) -> Tensor:
         """True where a position of a context sentence is not a key word."""
         d = self.dictionary
         return sentences.eq(d.pad()) | sentences.eq(d.eos()) | sentences.eq(d.bos())
 
+    def fill_empty(self, sentences: Tensor, present: Tensor) -> Tensor:
+        """The context rows as they are encoded: an empty slot (a padding row)
+        gets a lone ``</s>`` in its first position, so that every row has a
+        key and its states are finite (they are zeroed and masked after);
+        every row is encoded, so the shapes never depend on the data."""
+        first = torch.arange(sentences.size(1), device=sentences.device).eq(0)
+        empty = ~present.reshape(-1, 1) & first.unsqueeze(0)
+        return sentences.masked_fill(empty, self.dictionary.eos())
+
     def encode_sentences(self, sentences: Tensor, present: Tensor, like: Tensor) -> Tensor:
         """The final encoder states (``L x (B*k) x C``, zeros where a slot is
-        empty) of the context sentences, each encoded alone by this encoder
-        (without gradients unless ``--han-context-grad``)."""
-        rows = present.reshape(-1).nonzero().squeeze(1)
+        empty) of the context sentences (``(B*k) x L``, after
+        :meth:`fill_empty`), each encoded alone by this encoder (without
+        gradients unless ``--han-context-grad``)."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.context_grad):
-            states = like.new_zeros(sentences.size(1), sentences.size(0), like.size(2))
-            if rows.numel():
-                enc = self.forward_scriptable(sentences.index_select(0, rows))["encoder_out"][0]
-                states = states.index_copy(1, rows, enc.to(states.dtype))
-        return states
+            enc = self.forward_scriptable(sentences)["encoder_out"][0]
+            return enc.to(like.dtype) * present.reshape(1, -1, 1).to(like.dtype)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
                 src_ctx_tokens: Optional[Tensor] = None, src_ctx_lengths: Optional[Tensor] = None,
                 tgt_ctx_tokens: Optional[Tensor] = None, tgt_ctx_lengths: Optional[Tensor] = None,
-                **unused):
+                src_ctx_sentences: Optional[Tensor] = None,
+                src_ctx_present: Optional[Tensor] = None,
+                tgt_ctx_sentences: Optional[Tensor] = None,
+                tgt_ctx_present: Optional[Tensor] = None, **unused):
         """As fairseq's encoder, plus the context inputs of the
         ``document_translation`` task (``src_ctx_tokens``: all padding means
-        no context; None is an error). Returns fairseq's encoder-out dict,
+        no context; None is an error; ``*_ctx_sentences`` / ``*_ctx_present``:
+        the same context one sentence per row, as the task's collater lays it
+        out for this model, see :meth:`split`). Returns fairseq's encoder-out dict,
         ``encoder_out`` after the HAN (HAN encoder), plus the context for the
         HAN decoder (``han_ctx_*``, ``han_rows``)."""
         if src_ctx_tokens is None:
@@ -182,17 +221,18 @@ class HANEncoder(TransformerEncoderBase):
         out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
                                       token_embeddings)
         h = out["encoder_out"][0]
-        sentences, present = self.split(src_ctx_tokens)
-        states = self.encode_sentences(sentences, present, h)
+        sentences, present = self.split(src_ctx_tokens, src_ctx_sentences, src_ctx_present)
+        filled = self.fill_empty(sentences, present)
+        states = self.encode_sentences(filled, present, h)
         if self.han is not None:
             h_tilde, info = self.han(h, states, self.word_mask(sentences), present)
             out["encoder_out"] = [h_tilde]
             if self.record_statistics:
                 self.last_statistics = _token_statistics(info, out["encoder_padding_mask"][0])
         if self.decoder_context:
-            tgt, tgt_present = self.split(tgt_ctx_tokens)
+            tgt, tgt_present = self.split(tgt_ctx_tokens, tgt_ctx_sentences, tgt_ctx_present)
             out["han_ctx_src_out"] = [states]
-            out["han_ctx_src_padding_mask"] = [sentences.eq(self.padding_idx)]
+            out["han_ctx_src_padding_mask"] = [filled.eq(self.padding_idx)]
             out["han_ctx_tgt_tokens"] = [tgt]
             out["han_ctx_present"] = [present & tgt_present]
             out["han_rows"] = [torch.arange(src_tokens.size(0), device=src_tokens.device)]
@@ -240,19 +280,18 @@ class HANDecoder(TransformerDecoderBase):
                                  f"from the encoder ({key} missing from encoder_out)")
         d = self.dictionary
         tgt = encoder_out["han_ctx_tgt_tokens"][0]
-        present = encoder_out["han_ctx_present"][0].reshape(-1)
+        present = encoder_out["han_ctx_present"][0].reshape(-1, 1)
         prev = decoder_inputs(tgt, d.pad(), d.eos())
-        idx = present.nonzero().squeeze(1)
-        like = encoder_out["han_ctx_src_out"][0]
+        # every row is decoded (static shapes): an empty slot as a lone </s> over its
+        # source row (itself at least a lone </s>, HANEncoder.fill_empty); zeroed below
+        first = torch.arange(prev.size(1), device=prev.device).eq(0).unsqueeze(0)
+        filled = prev.masked_fill(~present & first, d.eos())
+        enc = {"encoder_out": encoder_out["han_ctx_src_out"],
+               "encoder_padding_mask": encoder_out["han_ctx_src_padding_mask"]}
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.context_grad):
-            states = like.new_zeros(prev.size(0), prev.size(1), self.embed_dim)
-            if idx.numel():
-                enc = {"encoder_out": [like.index_select(1, idx)],
-                       "encoder_padding_mask": [
-                           encoder_out["han_ctx_src_padding_mask"][0].index_select(0, idx)]}
-                with plain_attention(self):
-                    y, _ = self.extract_features_scriptable(prev.index_select(0, idx), enc)
-                states = states.index_copy(0, idx, y.to(states.dtype))
+            with plain_attention(self):
+                y, _ = self.extract_features_scriptable(filled, enc)
+            states = y * present.unsqueeze(2).to(y.dtype)
         mask = prev.eq(d.pad()) | prev.eq(d.eos()) | prev.eq(d.bos())
         k = self.k
         rows_k = (rows.unsqueeze(1) * k + torch.arange(k, device=rows.device)).reshape(-1)
@@ -391,12 +430,19 @@ class TransformerHANModel(IterativeDecodingDemo, TransformerModel):
                 tgt_ctx_tokens: Optional[Tensor] = None, tgt_ctx_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = True, features_only: bool = False,
                 alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None,
-                **unused):
+                src_ctx_sentences: Optional[Tensor] = None,
+                src_ctx_present: Optional[Tensor] = None,
+                tgt_ctx_sentences: Optional[Tensor] = None,
+                tgt_ctx_present: Optional[Tensor] = None, **unused):
         return encode_and_decode(self, src_tokens, src_lengths, prev_output_tokens,
                                  return_all_hiddens, features_only, alignment_layer,
                                  alignment_heads, src_ctx_tokens=src_ctx_tokens,
                                  src_ctx_lengths=src_ctx_lengths, tgt_ctx_tokens=tgt_ctx_tokens,
-                                 tgt_ctx_lengths=tgt_ctx_lengths)
+                                 tgt_ctx_lengths=tgt_ctx_lengths,
+                                 src_ctx_sentences=src_ctx_sentences,
+                                 src_ctx_present=src_ctx_present,
+                                 tgt_ctx_sentences=tgt_ctx_sentences,
+                                 tgt_ctx_present=tgt_ctx_present)
 
     # --------------------------------------------------------------- two stages
     def han_parameters(self):
@@ -483,10 +529,22 @@ class TransformerHANModel(IterativeDecodingDemo, TransformerModel):
         """A training batch in the task's format with ``k`` previous sentences
         (``--han-context-sentences``, 3 by default; ``doc_len`` is not used:
         the HAN's context is its ``k`` sentences) of ``src_len`` source and
-        ``tgt_len`` target tokens per sentence, each ended by ``</s>``."""
+        ``tgt_len`` target tokens per sentence, each ended by ``</s>``; with the
+        one-row-per-sentence layout the task's collater adds for this model
+        (``*_ctx_sentences``, ``*_ctx_present``, built on the CPU)."""
         k = int(getattr(args, "han_context_sentences", 3) or 3)
-        return bench_batch(task, batch_size, src_len, tgt_len, device,
-                           src_ctx=(k, src_len), tgt_ctx=(k, tgt_len))
+        sample = bench_batch(task, batch_size, src_len, tgt_len, "cpu",
+                             src_ctx=(k, src_len), tgt_ctx=(k, tgt_len))
+        ni = sample["net_input"]
+        d = task.source_dictionary
+        for side in ("src", "tgt"):  # the layout the task's collater gives it (on the CPU)
+            rows, present = split_context(ni[f"{side}_ctx_tokens"], d.pad(), (d.eos(),),
+                                          d.eos(), k, non_words=(d.bos(),))
+            ni[f"{side}_ctx_sentences"] = rows.view(batch_size, k, -1)
+            ni[f"{side}_ctx_present"] = present
+        sample["net_input"] = {n: v.to(device) for n, v in ni.items()}
+        sample["target"] = sample["target"].to(device)
+        return sample
 
 
 # --------------------------------------------------------------------------- presets
