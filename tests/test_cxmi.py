@@ -152,6 +152,60 @@ def test_batch_logprobs_adds_no_host_read(loaded):
     assert ours.by_op == bare.by_op
 
 
+class _ModelElsewhere:
+    """The model as if on another device (tests/other_device.py): every
+    tensor it is given must be there; it runs on the CPU data and returns its
+    outputs there."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def eval(self):
+        return self
+
+    def parameters(self):
+        from other_device import OTHER
+
+        yield torch.empty(0, device=OTHER)
+
+    def max_positions(self):
+        return self.model.max_positions()
+
+    def _run(self, fn, *args, **kwargs):
+        from torch.utils._python_dispatch import _disable_current_modes
+        from torch.utils._pytree import tree_map
+
+        from other_device import Elsewhere, _unwrap, not_on_other
+
+        wrong = not_on_other(("args", args), ("kwargs", kwargs))
+        assert not wrong, f"tensors on the CPU reach the model: {wrong}"
+        with _disable_current_modes():
+            out = fn(*_unwrap(args), **_unwrap(kwargs))
+        return tree_map(lambda t: Elsewhere(t) if isinstance(t, torch.Tensor) else t, out)
+
+    def __call__(self, **net_input):
+        return self._run(self.model, **net_input)
+
+    def get_normalized_probs(self, net_output, log_probs):
+        return self._run(self.model.get_normalized_probs, net_output, log_probs=log_probs)
+
+
+def test_model_on_another_device(loaded):
+    """Batches go to the model's device, results come back once: the same
+    numbers as on the CPU (a second device simulated on the CPU)."""
+    from ctx_fairseq.eval import cxmi
+    from other_device import OtherDeviceMode
+
+    model, task, cfg = loaded
+    ds = cxmi.condition_dataset(task, "test", "shuffled")
+    here = cxmi.token_logprobs(model, task, ds, 300)
+    with OtherDeviceMode():
+        there = cxmi.token_logprobs(_ModelElsewhere(model), task, ds, 300)
+    assert len(here) == len(there)
+    for a, b in zip(here, there):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_batching_does_not_change_the_numbers(loaded, measured):
     from ctx_fairseq.eval import cxmi
 
