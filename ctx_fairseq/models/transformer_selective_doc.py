@@ -163,7 +163,7 @@ from ctx_fairseq.models._fairseq_utils import (
     to_namespace,
     wrap_layer,
 )
-from ctx_fairseq.modules.selective_attention import DocumentContextLayer
+from ctx_fairseq.modules.selective_attention import WORD_CAPACITY, DocumentContextLayer
 from ctx_fairseq.modules.sentence_cache import (
     SentenceStateCache,
     assemble,
@@ -194,7 +194,8 @@ def _context_layer(args, embed_dim: int, heads: int, ffn: int) -> DocumentContex
         dropout=args.dropout, attention_dropout=args.attention_dropout,
         activation_dropout=getattr(args, "activation_dropout", 0.0) or 0.0,
         activation_fn=getattr(args, "activation_fn", "relu") or "relu",
-        sentence_distance=int(getattr(args, "doc_sentence_distance", 0) or 0))
+        sentence_distance=int(getattr(args, "doc_sentence_distance", 0) or 0),
+        word_capacity=int(getattr(args, "doc_word_capacity", WORD_CAPACITY) or WORD_CAPACITY))
 
 
 def _real_words(tokens: Tensor, dictionary) -> Tensor:
@@ -736,6 +737,11 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
                                  "scores by the signed sentence distance (query - memory "
                                  "position, clipped to [-N, N]), for recency; 0: off, the "
                                  "paper's model (default 0)")
+        parser.add_argument("--doc-word-capacity", type=int, metavar="K",
+                            help="selective word level: the K sentences of largest Eq. 3 weight "
+                                 "per query token and head (exact while the sparsemax support "
+                                 "has at most K sentences; overflows are counted in the context "
+                                 f"layer's word_overflow_sum; default {WORD_CAPACITY})")
         parser.add_argument("--dense-doc-attention", action="store_true",
                             help="word attention over every sentence (the reference path) "
                                  "instead of the sentence-sparsemax support only")
@@ -955,6 +961,7 @@ def selective_doc_base_architecture(args):
     _default(args, "context_memory", "shared")
     _default(args, "memory_cache_sentences", MEMORY_CACHE_SENTENCES)
     _default(args, "dense_doc_attention", False)
+    _default(args, "doc_word_capacity", WORD_CAPACITY)
     _default(args, "doc_sentence_distance", 0)  # beyond the paper; 0 = off
     _default(args, "freeze_sentence_level", False)
     _default(args, "init_from_sentence_checkpoint", None)

@@ -8,7 +8,7 @@ Equations -> code (per head ``h``; ``d_k = C / H``; queries are scaled by
 * Eq. 3, ``alpha_s = sparsemax(Q_s K_s^T / sqrt(d_k))``: ``q_s_proj`` (queries,
   one per query *token*), ``k_s_proj`` applied to the sentence vectors (mean over
   the real words of ``mem_keys``; Sec. 3.3), :func:`masked_normalize` with
-  ``entmax.sparsemax`` over the sentences visible to the query sentence
+  sparsemax (:class:`_Sparsemax`) over the sentences visible to the query sentence
   (``sentence_attn="softmax"`` is the ablation).
 * Eq. 4, ``alpha_w^j = sparsemax|softmax(Q_w K_w^{jT} / sqrt(d_k))``: ``q_w_proj``,
   ``k_w_proj`` applied to the word vectors ``mem_keys``; normalised over the
@@ -36,12 +36,12 @@ Choices where the paper is silent:
   same document, ``s`` has at least one real word, and ``mem_pos[s] <
   query_pos[b]`` (online) or ``mem_pos[s] != query_pos[b]`` (offline). The
   current sentence is never visible, later ones never online. Masking is exact:
-  :func:`masked_normalize` fills disallowed scores with ``-inf`` (``entmax``'s
-  sparsemax and softmax both give exactly 0 there, with zero gradient, as long
+  :func:`masked_normalize` fills disallowed scores with ``-inf`` (sparsemax
+  and softmax both give exactly 0 there, with zero gradient, as long
   as the row has one finite entry: tested against the unmasked sub-vector); a row
   with no allowed entry is filled with zeros (finite), normalised, and its
-  output replaced by 0, so ``entmax`` never sees an all ``-inf`` row (it would
-  raise an index error) and the gradient of such a row is exactly 0.
+  output replaced by 0, so sparsemax never sees an all ``-inf`` row (it would
+  give NaN) and the gradient of such a row is exactly 0.
 * **No context.** A query sentence with no visible sentence (first sentence
   online, one-sentence documents, a document absent from the memory) gets an
   attention output of exactly 0 (the ``W^O`` bias is not added), and
@@ -85,39 +85,58 @@ distractors); the paper has no sentence-position information. Online only
 positive distances occur (visible sentences precede the query); distance 0
 is the sentence itself and is never visible, so its entry is never used.
 Visibility is unchanged (the bias is added before the ``-inf`` masking). The
-bias is computed per document group as a ``Bd x H x 1 x S_d`` tensor
+bias is computed as a ``B x H x 1 x S_max`` tensor
 (broadcast over query tokens), smaller than the sentence score tensor, and
 the selective and dense paths share it (``_sentence_weights``), so they still
 agree in value and gradient. A zero bias gives exactly the model without it.
 
-Memory layout and cost. The memory is built once per batch of documents by
-:meth:`HierarchicalContextAttention.project_memory`, each document's sentences
-stored once (never copied per query sentence): ``S`` sentences, contiguous per
-document and in increasing position order within a document (asserted). It
-is split per document (one ``torch.split``, so its backward is one
-concatenation, not one full-size zero tensor per document), and each document
-keeps only the word columns any of its sentences uses. :meth:`forward` groups
-the query sentences by document (one permutation of the batch, then a loop over
-the distinct documents) and every score tensor is built against the query's
-own document only: time and memory per query sentence grow linearly with its
-document, never with the batch's total memory.
+Memory layout and cost (static shapes: no host read in forward or backward).
+:meth:`HierarchicalContextAttention.project_memory` projects the memory once
+per batch, each sentence once (``S`` rows, never copied per query sentence),
+and keeps a padded document index ``D x S_max`` (``doc_rows``: the memory
+rows of each document in position order; ``doc_valid``). The task's collater
+emits that index (``mem_doc_rows``/``mem_doc_valid``, numpy on the CPU);
+without it :func:`memory_layout` computes it from ``mem_doc``/``mem_pos``
+with one host read per batch (the module's standalone use, the tests).
+:meth:`forward` maps each query sentence to its document's row of the index
+(``searchsorted``; a document absent from the memory has no valid entry),
+computes the visibility on the device (``B x S_max``, elementwise), and
+evaluates Eq. 3 as one gather of the sentence keys (``B x S_max x C``) and
+one masked sparsemax over ``B x H x T x S_max``. Work and memory per query
+token grow with ``S_max``, the largest document memory of the batch (the
+task's document batching keeps a batch's documents together), never with
+the batch's total memory ``S``. Sparsemax is this module's own
+(:class:`_Sparsemax`, the same values as ``entmax.sparsemax`` with a backward
+of static shape).
 
-Selective computation (``selective=True``; the paper's footnote 3 gave it up):
-Eq. 4-5 are evaluated only for the (query token, head, sentence) triples in the
-support of Eq. 3 (``alpha_s != 0``). The triples are gathered (``nonzero``) and
-grouped by (sentence, head); each group is one small GEMM of its queries
-against that sentence's keys for that head (keys/values gathered once per
-group, never per triple), groups being bucketed by their size rounded up to a
-power of two (so padding wastes < 2x) and processed in chunks of about
-``chunk_elems`` elements. Work is therefore ``O(support pairs x L_d x d_k)``
-and memory ``O(support pairs x (L_d + d_k))`` plus at most one gathered copy
-of the document's projected keys/values, instead of the dense path's
-``tokens x H x S_doc x L_d`` scores (and ``x d_k`` work). Sentences
-outside the support contribute exactly 0 in the dense path too
-(``alpha_s(j) = 0``, and sparsemax's Jacobian is 0 there), so both paths agree
-in value and gradient (tested in float64); the dense path (``selective=False``)
-is kept as the reference. On CUDA the per-token accumulation (``index_add``)
-is not bit-deterministic.
+Word level (Eq. 4-5) over a fixed capacity. The sparsemax support has no
+data-independent bound below the number of visible sentences (equal scores
+put all of them in it), so the selective path (``selective=True``, sparsemax
+Eq. 3) takes a static ``K = min(word_capacity, S_max)`` sentences per (query
+token, head): the ``topk`` of the Eq. 3 weights. When the support has at
+most ``K`` sentences (the usual case: trained supports hold a few sentences)
+this is exact, equal in value and gradient to the dense path (sentences
+outside the support have ``alpha_s = 0`` and a zero sparsemax Jacobian).
+When it has more, the ``K`` largest are kept and the rest dropped (their
+weights are not renormalised): the number of such (token, head) pairs is
+counted on the device, without a read, as the statistic
+``word_overflow_sum`` (and the model's ``word_overflow`` training
+statistic); raise ``word_capacity`` (``--doc-word-capacity``) when it is
+not 0. The default ``WORD_CAPACITY`` = 32. The dense path
+(``selective=False``) and the softmax ablation of Eq. 3 use ``K = S_max``
+(all sentences), as does flat-word.
+
+The word scores of ``B x H x T x K`` (token, head, sentence) triples against
+their ``L`` words are computed by :class:`_GatheredScores` and the value
+reading by :class:`_GatheredValues`: keys and values are gathered per chunk
+of about ``chunk_elems`` elements only (forward and backward, never kept for
+the backward), so memory is ``O(B H T K L)`` for the scores plus one chunk.
+Their weight gradients are accumulated (``index_add``) in float32 at least.
+Why not a data-dependent size (computing only the support pairs, the
+previous design): it needs ``nonzero``/``unique`` and Python loops over
+size buckets per document and per layer (about 48 host reads and 290
+kernel launches per document and step measured on the CPU counter); the
+static version needs none.
 
 Decoder integration / incremental decoding: queries are independent per
 position and the module keeps no state across steps, so a decoder computes
