@@ -220,7 +220,9 @@ def test_same_loss_gradients_and_logs_as_label_smoothed_cross_entropy(name, toy_
         assert a.get_smoothed_values() == b.get_smoothed_values()
     else:
         assert extra == {f"ctxstat/{k}/{p}" for k in CONFIGS[name][1] for p in ("sum", "count")}
-        assert all(isinstance(log[k], float) for k in extra)
+        # 0-d float64 tensors, never read back in the training step (reduce_metrics reads them)
+        assert all(torch.is_tensor(log[k]) and log[k].dim() == 0 and
+                   log[k].dtype == torch.float64 and not log[k].requires_grad for k in extra)
     # validation (eval mode, no gradients) through the task
     model.eval()
     with torch.no_grad():
@@ -232,7 +234,46 @@ def test_same_loss_gradients_and_logs_as_label_smoothed_cross_entropy(name, toy_
 
 
 def _stat(log, key):
-    return log[f"ctxstat/{key}/sum"], log[f"ctxstat/{key}/count"]
+    return float(log[f"ctxstat/{key}/sum"]), float(log[f"ctxstat/{key}/count"])
+
+
+@pytest.mark.parametrize("name", ["context_aware", "hybrid"])
+def test_statistics_add_no_host_reads_and_log_the_same_values(name, toy_bin):
+    """The statistics stay on the device in the training step (no read back
+    to the host between the forward and the backward pass: as many host
+    reads as label_smoothed_cross_entropy), and the metrics reduce_metrics
+    logs from them are those of the statistics read back as floats (the
+    former logging output), bit for bit, over several batches."""
+    from ctx_fairseq.host_reads import HostReadCounter
+
+    task, model, ctx, sample = _setup(toy_bin, CONFIGS[name][0])
+    model.train()
+
+    def reads(criterion):
+        model.zero_grad()
+        torch.manual_seed(7)
+        with HostReadCounter() as r:
+            loss, _, log = criterion(model, sample)
+            loss.backward()
+        return r.total, log
+
+    ctx_reads, _ = reads(ctx)
+    plain_reads, _ = reads(_parent(task))
+    assert ctx_reads == plain_reads
+    model.eval()
+    itr = task.get_batch_iterator(task.dataset("valid"), max_tokens=200, seed=1, num_workers=0,
+                                  disable_iterator_cache=True).next_epoch_itr(shuffle=False)
+    logs, floats = [], []
+    with torch.no_grad():
+        for sample in list(itr)[:4]:
+            _, _, log = ctx(model, sample)
+            logs.append(log)
+            floats.append({k: (v.tolist() if torch.is_tensor(v) else v) for k, v in log.items()})
+    assert len(logs) >= 2 and any("ctxstat/" in k for k in logs[0])
+    keys, h = CONFIGS[name][1], len(logs) // 2
+    for got, want in ((_reduced(logs), _reduced(floats)),
+                      (_reduced(logs[:h], logs[h:]), _reduced(floats[:h], floats[h:]))):
+        assert [got[k] for k in keys] == [want[k] for k in keys]
 
 
 def test_hybrid_gates_are_the_mean_over_real_tokens(toy_bin):

@@ -21,11 +21,14 @@ computes, so loss and gradients are those of ``label_smoothed_cross_entropy``
 (tested bit for bit); models without the protocol (``transformer``,
 ``transformer_dc``) log exactly what ``label_smoothed_cross_entropy`` logs.
 
-Logging output: ``ctxstat/NAME/sum`` and ``ctxstat/NAME/count`` (plain
-floats: one device-to-host copy per batch for all statistics). Both are
-sums, so ``logging_outputs_can_be_summed`` stays True (fairseq may add the
-outputs of the data-parallel workers before :meth:`reduce_metrics`; the keys
-depend only on the model's configuration, so every worker sends the same).
+Logging output: ``ctxstat/NAME/sum`` and ``ctxstat/NAME/count`` (0-d float64
+tensors on the model's device, as fairseq's own ``loss`` entry: nothing is
+read back to the host between the forward and the backward pass;
+:meth:`reduce_metrics` reads the sums once per logging call, outside the
+training step's hot path). Both are sums, so ``logging_outputs_can_be_summed``
+stays True (fairseq may add the outputs of the data-parallel workers before
+:meth:`reduce_metrics`; the keys depend only on the model's configuration, so
+every worker sends the same).
 
 Metrics: :meth:`reduce_metrics` logs the sum and the count of each statistic
 with ``metrics.log_scalar_sum`` as ``_ctxstat/NAME/sum`` and
@@ -42,7 +45,6 @@ from dataclasses import dataclass
 from typing import Dict, List
 
 import torch
-from fairseq import utils
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
@@ -78,6 +80,18 @@ def statistic_names(logging_outputs: List[Dict]) -> List[str]:
             if key.startswith(PREFIX) and key.endswith("/sum"):
                 names.setdefault(key[len(PREFIX):-len("/sum")], None)
     return list(names)
+
+
+def _host_floats(values: List) -> List[float]:
+    """``values`` (floats, or tensors on one device) as floats, read back to
+    the host in one copy."""
+    tensors = [v for v in values if torch.is_tensor(v)]
+    if not tensors:
+        return [float(v) for v in values]
+    dev = tensors[0].device
+    return torch.stack([v.detach().to(dev, torch.float64).reshape(()) if torch.is_tensor(v)
+                        else torch.tensor(float(v), dtype=torch.float64, device=dev)
+                        for v in values]).tolist()
 
 
 def _pooled_mean(sum_meter: str, count_meter: str):
@@ -140,13 +154,13 @@ class LabelSmoothedCrossEntropyCtxCriterion(LabelSmoothedCrossEntropyCriterion):
         finally:
             record(False)
         if stats:
-            names = list(stats)
+            # kept on the device: reading them back here would stall a GPU between the
+            # forward and the backward pass; reduce_metrics reads them, once per call
             with torch.no_grad():
-                values = torch.stack([stats[n].detach().to(torch.float64).reshape(2)
-                                      for n in names]).tolist()
-            for name, (total, count) in zip(names, values):
-                logging_output[_sum_key(name)] = total
-                logging_output[_count_key(name)] = count
+                for name, value in stats.items():
+                    total, count = value.detach().to(torch.float64).reshape(2).unbind(0)
+                    logging_output[_sum_key(name)] = total
+                    logging_output[_count_key(name)] = count
         return loss, sample_size, logging_output
 
     @classmethod
@@ -154,10 +168,13 @@ class LabelSmoothedCrossEntropyCtxCriterion(LabelSmoothedCrossEntropyCriterion):
         """fairseq's metrics, then for each statistic its summed sum and count
         (hidden meters) and its pooled mean ``sum / count``."""
         super().reduce_metrics(logging_outputs)
-        for name in statistic_names(logging_outputs):
+        names = statistic_names(logging_outputs)
+        sums = [sum(log.get(key, 0.0) for log in logging_outputs)
+                for name in names for key in (_sum_key(name), _count_key(name))]
+        values = iter(_host_floats(sums))
+        for name in names:
             s_key, c_key = _sum_key(name), _count_key(name)
-            total = utils.item(sum(log.get(s_key, 0.0) for log in logging_outputs))
-            count = utils.item(sum(log.get(c_key, 0.0) for log in logging_outputs))
+            total, count = next(values), next(values)
             metrics.log_scalar_sum("_" + s_key, float(total), priority=PRIORITY)
             metrics.log_scalar_sum("_" + c_key, float(count), priority=PRIORITY)
             metrics.log_derived(name, _pooled_mean("_" + s_key, "_" + c_key),
