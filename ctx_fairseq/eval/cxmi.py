@@ -54,8 +54,11 @@ Each reference token scored is checked against the split's target sentence
 
 Refused with a clear error (never a number): a sentence-level checkpoint (no
 context to remove), a split without ``{split}.docids``, and models with a
-document memory (``--document-memory``, ``transformer_selective_doc``), whose
-dataset cannot build a shuffled or empty memory yet.
+document memory (``--document-memory``, ``transformer_selective_doc``): the
+document dataset cannot build a shuffled or random memory yet (it refuses
+``--context-ablation`` with ``--document-memory``), and ``none`` (one document
+per sentence: an empty memory online, the sentence alone offline) is not
+checked for them.
 
 Outputs (written whole or not at all) in ``--out DIR``: ``cxmi.json`` (per
 condition ``cxmi``, ``tokens`` and the rest), ``cxmi.md``, ``tokens.jsonl``
@@ -70,7 +73,6 @@ import collections
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -87,8 +89,8 @@ logger = logging.getLogger(__name__)
 
 CONDITIONS = ("none", "shuffled", "random")
 
-__all__ = ["CONDITIONS", "CXMIError", "batch_logprobs", "token_logprobs", "condition_dataset", "merge_words",
-           "compute_cxmi", "write_outputs", "cli_main"]
+__all__ = ["CONDITIONS", "CXMIError", "batch_logprobs", "token_logprobs", "condition_dataset",
+           "merge_words", "compute_cxmi", "write_outputs", "cli_main"]
 
 
 class CXMIError(ValueError):
@@ -115,8 +117,9 @@ def load(path: str, data: str, cuda: bool):
             f"{path} reads a document memory (--document-memory, e.g. transformer_selective_doc):"
             " ctx-cxmi does not support it yet. The conditions need the document task's "
             "DocumentContextDataset to build, for a memory model, a shuffled memory (another "
-            "document's) and an empty one (none); today it refuses --context-ablation with "
-            "--document-memory. No number is given rather than a wrong one")
+            "document's), a random one, and a checked empty one (none); today it refuses "
+            "--context-ablation with --document-memory. No number is given rather than a "
+            "wrong one")
     return model, task, cfg
 
 
