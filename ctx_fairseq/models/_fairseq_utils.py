@@ -140,6 +140,62 @@ def plain_attention(*modules):
 # ------------------------------------------------------------------ layers
 
 
+def encode_static(encoder, tokens: Tensor) -> Tensor:
+    """The final states (``T x B x C``) of fairseq's encoder pass
+    (``TransformerEncoderBase.forward_scriptable``) over ``tokens``, run
+    through the encoder's own modules (``forward_embedding``, ``layers``,
+    ``layer_norm``) with the padding mask always given. fairseq's pass checks
+    whether the batch has padding (``has_pads``: a read back to the host,
+    then one per layer) and leaves the mask out where it has none; an
+    all-False mask computes the same (tested), without reading anything
+    back. For the extra passes of context models (previous sentences)."""
+    padding = tokens.eq(encoder.padding_idx)
+    x, _ = encoder.forward_embedding(tokens)
+    x = (x * (1 - padding.unsqueeze(-1).type_as(x))).transpose(0, 1)
+    for layer in encoder.layers:
+        x = layer(x, encoder_padding_mask=padding)
+        if isinstance(x, tuple):  # return_fc
+            x = x[0]
+    if encoder.layer_norm is not None:
+        x = encoder.layer_norm(x)
+    return x
+
+
+def decode_static(decoder, prev_output_tokens: Tensor, encoder_out: Tensor,
+                  encoder_padding_mask: Tensor) -> Tensor:
+    """The features (``B x T x C``, before the output projection) of fairseq's
+    teacher-forced decoder pass (``TransformerDecoderBase.
+    extract_features_scriptable`` without incremental state or alignment),
+    run through the decoder's own modules with the self-attention padding
+    mask always given: fairseq's pass checks whether ``prev_output_tokens``
+    has padding (a read back to the host) and leaves the mask out where it
+    has none; an all-False mask computes the same (tested). For the extra
+    passes of context models (previous target sentences)."""
+    if decoder.cross_self_attention:
+        raise ValueError("decode_static: --cross-self-attention is not supported")
+    padding = prev_output_tokens.eq(decoder.padding_idx)
+    x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
+    if decoder.quant_noise is not None:
+        x = decoder.quant_noise(x)
+    if decoder.project_in_dim is not None:
+        x = decoder.project_in_dim(x)
+    if decoder.embed_positions is not None:
+        x = x + decoder.embed_positions(prev_output_tokens)
+    if decoder.layernorm_embedding is not None:
+        x = decoder.layernorm_embedding(x)
+    x = decoder.dropout_module(x).transpose(0, 1)
+    future = decoder.buffered_future_mask(x)
+    for layer in decoder.layers:
+        x, _, _ = layer(x, encoder_out, encoder_padding_mask, None, self_attn_mask=future,
+                        self_attn_padding_mask=padding)
+    if decoder.layer_norm is not None:
+        x = decoder.layer_norm(x)
+    x = x.transpose(0, 1)
+    if decoder.project_out_dim is not None:
+        x = decoder.project_out_dim(x)
+    return x
+
+
 # ------------------------------------------------------------------ models
 
 

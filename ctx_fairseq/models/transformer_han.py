@@ -24,8 +24,12 @@ rows, independent of padding; it reads sizes back to the host).
 Static shapes: every context row is encoded (and decoded), empty slots as a
 lone ``</s>`` whose states are zeroed and masked (no data-dependent row
 selection). The previous sentences are encoded (decoded) in a pass of their
-own, without gradients by default; that pass reads back what fairseq's
-encoder (decoder) reads in any pass, nothing else (tested).
+own, without gradients by default, through fairseq's modules with the
+padding masks always given (:func:`~ctx_fairseq.models._fairseq_utils.encode_static`,
+:func:`~ctx_fairseq.models._fairseq_utils.decode_static`: fairseq's passes
+read back whether a batch has padding). A training step or a beam search
+reads back to the host what fairseq's transformer reads, nothing more
+(tested).
 
 * HAN encoder: each previous source sentence is encoded on its own by the
   (shared) sentence-level encoder; its final states are the context of the
@@ -80,7 +84,9 @@ from torch import Tensor
 from ctx_fairseq.models._fairseq_utils import (
     IterativeDecodingDemo,
     bench_batch,
+    decode_static,
     encode_and_decode,
+    encode_static,
     load_sentence_checkpoint,
     plain_attention,
     preset,
@@ -189,7 +195,7 @@ class HANEncoder(TransformerEncoderBase):
         :meth:`fill_empty`), each encoded alone by this encoder (without
         gradients unless ``--han-context-grad``)."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.context_grad):
-            enc = self.forward_scriptable(sentences)["encoder_out"][0]
+            enc = encode_static(self, sentences)  # fairseq's pass, no has_pads read
             return enc.to(like.dtype) * present.reshape(1, -1, 1).to(like.dtype)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
@@ -286,11 +292,10 @@ class HANDecoder(TransformerDecoderBase):
         # source row (itself at least a lone </s>, HANEncoder.fill_empty); zeroed below
         first = torch.arange(prev.size(1), device=prev.device).eq(0).unsqueeze(0)
         filled = prev.masked_fill(~present & first, d.eos())
-        enc = {"encoder_out": encoder_out["han_ctx_src_out"],
-               "encoder_padding_mask": encoder_out["han_ctx_src_padding_mask"]}
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.context_grad):
-            with plain_attention(self):
-                y, _ = self.extract_features_scriptable(filled, enc)
+            with plain_attention(self):  # fairseq's teacher-forced pass, no padding read
+                y = decode_static(self, filled, encoder_out["han_ctx_src_out"][0],
+                                  encoder_out["han_ctx_src_padding_mask"][0])
             states = y * present.unsqueeze(2).to(y.dtype)
         mask = prev.eq(d.pad()) | prev.eq(d.eos()) | prev.eq(d.bos())
         k = self.k
