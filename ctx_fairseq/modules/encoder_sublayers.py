@@ -10,15 +10,23 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ctx_fairseq.modules.local_context import compute_dtype
+
 
 def attention_bias(attn_mask: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
     """An encoder layer's ``attn_mask`` (1: masked) as fairseq's encoder layer
     turns it into an additive bias: -1e8 (float32) or -1e4, not -inf (which
-    gives NaN for a query whose keys are all masked)."""
+    gives NaN for a query whose keys are all masked).
+
+    The choice follows the dtype the attention computes in
+    (:func:`~ctx_fairseq.modules.local_context.compute_dtype`), not ``x.dtype``
+    alone: under autocast ``x`` is float32 while the energies are float16, and
+    a -1e8 bias would become ``-inf`` there (fairseq's own layer looks at
+    ``x.dtype``; without autocast the two agree)."""
     if attn_mask is None:
         return None
     return attn_mask.masked_fill(attn_mask.to(torch.bool),
-                                 -1e8 if x.dtype == torch.float32 else -1e4)
+                                 -1e8 if compute_dtype(x) == torch.float32 else -1e4)
 
 
 class EncoderLayerSubLayers:
