@@ -63,7 +63,7 @@ def build(extra=(), integration="encoder", mode="online", double=True, left_pad_
           arch=ARCH, cache="default"):
     """A tiny model (2+2 layers, d=32) built as fairseq builds it, dropout off,
     non-trivial biases / LayerNorm parameters. ``cache`` (frozen memory): the
-    model's default (float16 on the CPU), ``"full"`` (the model's precision)
+    model's default (the model's precision on the CPU), ``"full"`` (the same)
     or ``None`` (no cache)."""
     target_context = 1 if integration == "decoder" else 0
     model, d = build_tiny_model(
@@ -354,6 +354,10 @@ def _perturb(ni, row, d, seed, sides):
             assert not torch.equal(new, t[words])
             t[words] = new
     ni["query_mem_row"][ni["query_mem_row"] == row] = -1
+    # what the collater derived from the tokens and query_mem_row no longer holds:
+    # without it the model derives it from the inputs
+    for k in ("mem_state_index", "mem_extra_rows", "mem_src_key", "mem_tgt_key"):
+        ni.pop(k, None)
     return ni
 
 
@@ -795,7 +799,7 @@ def _forward(model, ni):
 def test_cached_frozen_memory_gives_the_uncached_outputs(mode, integration):
     """Frozen memory read from the cache (full precision, misses in several
     chunks, later batches of the same documents hitting) == computed per
-    batch without a cache; gradients too; float16 storage stays close."""
+    batch without a cache; gradients too; float16 storage (an option) stays close."""
     model, d = build(FROZEN, integration=integration, mode=mode, cache="full")
     model.encoder.memory_chunk_tokens = model.decoder.memory_chunk_tokens = 20
     data = corpus(d, [6, 1, 5])
@@ -823,13 +827,16 @@ def test_cached_frozen_memory_gives_the_uncached_outputs(mode, integration):
     assert grads[0].keys() == grads[1].keys() and any(".context_layer." in n for n in grads[0])
     for n, g in grads[0].items():
         assert (g - grads[1][n]).abs().max() < 1e-10, n
-    # the default storage (float16 on the CPU): the same up to float16 rounding
-    model.set_memory_cache(SentenceStateCache())
+    # float16 storage (an option): the same up to float16 rounding
+    model.set_memory_cache(SentenceStateCache(dtype=torch.float16))
     half = [_forward(model, ni) for ni in batches]
     assert all(t.dtype == torch.float16 and t.device.type == "cpu"
                for e in model.memory_cache.store.values() for t in e)
     err = max((h - c).abs().max().item() for h, c in zip(half, cached))
     assert 0 < err < 1e-2
+    # the default storage (the model's precision): exactly the uncached outputs
+    model.set_memory_cache(SentenceStateCache())
+    assert [_forward(model, ni).tolist() for ni in batches] == [c.tolist() for c in cached]
 
 
 @pytest.mark.parametrize("integration", ["encoder", "decoder"])
@@ -839,7 +846,7 @@ def test_a_second_forward_computes_no_memory(integration, monkeypatch):
     new memory sentences."""
     model, d = build(FROZEN, integration=integration)
     cache = model.memory_cache
-    assert isinstance(cache, SentenceStateCache) and cache.dtype == torch.float16
+    assert isinstance(cache, SentenceStateCache) and cache.dtype is None  # model's precision
     data = corpus(d, [8, 3])
     first = collate(d, data, [0, 1, 2, 3, 8, 9], "online", integration)["net_input"]
     calls, hooks = _frozen_calls(model)
@@ -877,9 +884,9 @@ def test_identical_sentences_share_one_entry(integration, monkeypatch):
     seen = []
     real = SelectiveDocEncoder._encode_frozen
 
-    def spy(enc, mem, lengths, rows, idx):
-        seen.extend(d.string(mem[i][mem[i].ne(d.pad())]) for i in idx.tolist())
-        return real(enc, mem, lengths, rows, idx)
+    def spy(enc, mem, lengths, lens, left, rows):
+        seen.extend(d.string(mem[i][mem[i].ne(d.pad())]) for i in rows)
+        return real(enc, mem, lengths, lens, left, rows)
 
     monkeypatch.setattr(SelectiveDocEncoder, "_encode_frozen", staticmethod(spy))
     ni = collate(d, (src, tgt, ids), list(range(9)), "offline", integration)["net_input"]

@@ -8,7 +8,9 @@ import torch
 from ctx_fairseq.modules.sentence_cache import (
     SentenceStateCache,
     assemble,
+    assemble_rows,
     row_keys,
+    sentence_digest,
     weights_signature,
 )
 
@@ -17,8 +19,8 @@ def _compute(toks, pad, calls):
     """States of rows ``idx`` at their real tokens: 10 x the token id."""
 
     def compute(idx):
-        calls.append(idx.tolist())
-        rows = toks.index_select(0, idx)
+        calls.append(list(idx))
+        rows = toks.index_select(0, torch.tensor(idx, dtype=torch.long))
         return (rows[rows.ne(pad)].float().unsqueeze(-1).expand(-1, 3) * 10,)
 
     return compute
@@ -44,12 +46,16 @@ def test_cache_computes_each_sentence_once_and_strips_padding():
     assert cache.misses == 2 and cache.hits == 4
 
 
-def test_cache_default_storage_is_half_precision_on_the_cpu():
+def test_cache_default_storage_is_the_computed_precision_on_the_cpu():
+    """The states as computed (cached == uncached), on the CPU."""
     toks = torch.tensor([[3, 4, 2]])
-    cache = SentenceStateCache()
-    (entry,) = cache.fetch(row_keys(toks, 1), [3], _compute(toks, 1, []))
-    assert entry[0].dtype == torch.float16 and entry[0].device.type == "cpu"
-    assert cache.nbytes() == 3 * 3 * 2
+    for dtype in (torch.float32, torch.float16):
+        cache = SentenceStateCache()
+        compute = _compute(toks, 1, [])
+        (entry,) = cache.fetch(row_keys(toks, 1), [3],
+                               lambda idx: tuple(t.to(dtype) for t in compute(idx)))
+        assert entry[0].dtype == dtype and entry[0].device.type == "cpu"
+        assert cache.nbytes() == 3 * 3 * dtype.itemsize
 
 
 def test_cache_evicts_least_recently_used():
@@ -89,6 +95,24 @@ def test_misses_are_computed_in_chunks_of_tokens_longest_first():
     assert calls == [[1, 3], [4, 5, 2], [0]]  # rows x longest <= 16, sorted by length
     for i, n in enumerate(lengths):
         assert torch.equal(out[i][0][:, 0], toks[i, :n].float() * 10)
+
+
+def test_assemble_rows_pads_like_the_batch():
+    entries = [(torch.ones(2, 3), -torch.ones(2, 3)), (2 * torch.ones(3, 3), torch.zeros(3, 3))]
+    for left in (True, False):
+        full, other = assemble_rows(entries, 4, left, "cpu", torch.float64)
+        assert full.dtype == torch.float64 and full.shape == other.shape == (2, 4, 3)
+        real = [slice(2, 4), slice(1, 4)] if left else [slice(0, 2), slice(0, 3)]
+        for i, (sl, v) in enumerate(zip(real, (1, 2))):
+            assert full[i, sl].eq(v).all() and full[i].ne(0).sum() == 3 * (sl.stop - sl.start)
+        assert other[0, real[0]].eq(-1).all() and other[0].ne(0).sum() == 6
+
+
+def test_sentence_digest_is_content_addressed():
+    a = sentence_digest([5, 6, 2])
+    assert a == sentence_digest(torch.tensor([5, 6, 2]).numpy()) == sentence_digest((5, 6, 2))
+    assert a != sentence_digest([5, 6]) and a != sentence_digest([6, 5, 2])
+    assert all(isinstance(x, int) and -2 ** 63 <= x < 2 ** 63 for x in a)
 
 
 def test_assemble_pads_like_the_batch():

@@ -777,12 +777,19 @@ class DocumentContextDataset(FairseqDataset):
           batch's query encodings (``0..B-1``) followed by those of the memory
           rows ``mem_extra_rows`` (the memory sentences that are no query of
           the batch, ``B..B+E-1``);
+        * ``mem_src_key`` (and with target memory ``mem_tgt_key``), ``S x 2``:
+          a 128-bit digest of each memory sentence's tokens
+          (:func:`ctx_fairseq.modules.sentence_cache.sentence_digest`), the
+          key of the frozen memory's cache, computed here where the tokens
+          are;
         * ``mem_tgt_tokens`` / ``mem_tgt_lengths`` with target memory (target
           context on): the target side of the same sentences (references, or
           ``tgt_context``), padded like the target, and ``mem_tgt_prev_tokens``
           (the same with ``</s>`` moved to the front, fairseq's teacher-forcing
           input).
         """
+        from ctx_fairseq.modules.sentence_cache import sentence_digest
+
         ids = np.asarray(ids, dtype=np.int64)
         docs, mem = self.memory_rows(ids)
         local = {d: k for k, d in enumerate(docs)}
@@ -826,6 +833,10 @@ class DocumentContextDataset(FairseqDataset):
             out[f"mem_{side}_tokens"] = toks
             out[f"mem_{side}_lengths"] = torch.tensor([len(seqs[int(j)]) for j in mem],
                                                       dtype=torch.long)
+            keys = np.zeros((len(mem), 2), dtype=np.int64)
+            for r, j in enumerate(mem.tolist()):
+                keys[r] = sentence_digest(np.asarray(seqs[j]))
+            out[f"mem_{side}_key"] = torch.from_numpy(keys)
             if side == "tgt":  # teacher-forcing input, as fairseq's prev_output_tokens
                 out["mem_tgt_prev_tokens"] = (data_utils.collate_tokens(
                     [seqs[int(j)].long() for j in mem], d.pad(), d.eos(), left_pad=left,

@@ -51,12 +51,17 @@ batch, document (identical sentences share one entry) or position; a long
 document cut into many chunks does not re-encode its memory for each. On a
 miss the frozen model runs without gradients in eval mode on the missing
 sentences only, sorted by length, in chunks of ``MEMORY_CHUNK_TOKENS``
-padded tokens; entries hold the real tokens' states, in float16 on the CPU
-(a 512-dimensional state of a 25-token sentence: 25 KB; decoder
-integration stores three such tensors per sentence: source states, keys,
-values); each batch's memory is assembled from them into the padded
-``S x W x C`` tensors on the model's device and dtype (padding positions 0,
-masked as before). ``--memory-cache-sentences N`` (default 100000) bounds the
+padded tokens; entries hold the real tokens' states on the CPU in the
+precision they were computed in (the model's: cached == uncached; a
+512-dimensional state of a 25-token sentence: 50 KB in float32, 25 KB under
+``--fp16``; decoder integration stores three such tensors per sentence:
+source states, keys, values); each batch's memory is assembled from them
+into the padded ``S x W x C`` tensors on the model's device and dtype
+(padding positions 0, masked as before). Keys are 128-bit digests of the
+tokens made by the task's collater (``mem_src_key``/``mem_tgt_key``): a batch
+reads back only them and the lengths (one host read), copies all its misses'
+states to the host at once, and assembles its memory with one host-to-device
+copy (see :mod:`ctx_fairseq.modules.sentence_cache`). ``--memory-cache-sentences N`` (default 100000) bounds the
 number of entries (one per distinct source, plus one per distinct
 source-target pair with decoder integration), least recently used out; 0: no
 cache (the memory is computed per batch, in chunks). The cache is not a
@@ -65,9 +70,8 @@ the model starts with an empty one. It is emptied when weights are loaded
 (``load_state_dict``, i.e. a checkpoint restored) or the frozen copies are
 (re)made, and whenever the frozen weights are no longer those it was filled
 with (moved, cast or changed in place; checked per batch by storage and
-version counters). ``set_memory_cache(SentenceStateCache(n, dtype=None))``
-keeps states in the model's precision (the tests use it to compare with the
-uncached computation).
+version counters). ``set_memory_cache(SentenceStateCache(n, dtype=torch.float16))`` would
+store half precision (then cached and uncached memories differ).
 
 With the task's ``--memory-precomputed`` (which requires ``--context-memory
 frozen``; checked in :meth:`TransformerSelectiveDocModel.build_model`),
@@ -137,6 +141,7 @@ import logging
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from fairseq.distributed import fsdp_wrap
@@ -166,7 +171,7 @@ from ctx_fairseq.models._fairseq_utils import (
 from ctx_fairseq.modules.selective_attention import WORD_CAPACITY, DocumentContextLayer
 from ctx_fairseq.modules.sentence_cache import (
     SentenceStateCache,
-    assemble,
+    assemble_rows,
     row_keys,
     weights_signature,
 )
@@ -178,7 +183,8 @@ __all__ = ["TransformerSelectiveDocModel", "SelectiveDocEncoder", "SelectiveDocD
 MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "mem_doc",
                "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
                "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask",
-               "mem_doc_rows", "mem_doc_valid", "mem_state_index", "mem_extra_rows")
+               "mem_doc_rows", "mem_doc_valid", "mem_state_index", "mem_extra_rows",
+               "mem_src_key", "mem_tgt_key")
 #: follow the beam (one row per query sentence); every other key is per document
 QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
 #: frozen memory: padded tokens per no-grad forward of the frozen model
@@ -212,10 +218,22 @@ def _align(states: Tensor, width: int, left_pad: bool) -> Tensor:
     return torch.cat([pad, states], 0) if left_pad else torch.cat([states, pad], 0)
 
 
-def _trim(tokens: Tensor, real: Tensor) -> Tuple[Tensor, Tensor]:
-    """Drop the columns that are padding in every row (padding is on one side)."""
-    cols = real.any(0)
-    return tokens[:, cols], real[:, cols]
+def _real_positions(lengths: List[int], width: int, left_pad: bool, device) -> Tensor:
+    """Flat positions (into ``len(lengths) x width``) of each row's ``n``
+    real tokens, padded on the left or the right; computed on the host."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    starts = np.cumsum(lens) - lens
+    within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(starts, lens)
+    if left_pad:
+        within += np.repeat(width - lens, lens)
+    rows = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+    return torch.as_tensor(rows * width + within, device=device)  # host-to-device
+
+
+def _cut(width: int, n: int, left_pad: bool) -> slice:
+    """The ``n`` columns of a ``width``-wide padded batch that hold real tokens
+    in some row when the longest row has ``n``."""
+    return slice(width - n, width) if left_pad else slice(0, n)
 
 
 def _state_index(query_mem_row: Tensor, S: int) -> Tuple[Tensor, Tensor]:
@@ -359,7 +377,7 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         if mem.size(0) == 0:  # no memory sentence (online: only first sentences); nothing to run
             return enc_q.new_zeros(mem.size(1), 0, enc_q.size(2)), mem
         if self.args.context_memory == "frozen":
-            return self.frozen_memory_states(mem, lengths, enc_q), mem
+            return self.frozen_memory_states(mem, lengths, enc_q, doc.get("mem_src_key")), mem
         left = bool(self.args.left_pad_source)
         width = max(mem.size(1), src_tokens.size(1))
         source, extra = self._state_index(doc)
@@ -374,7 +392,8 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         states = torch.cat(parts, 1).index_select(1, source)
         return states, F.pad(mem, padding, value=self.padding_idx)
 
-    def frozen_memory_states(self, mem: Tensor, lengths: Tensor, like: Tensor) -> Tensor:
+    def frozen_memory_states(self, mem: Tensor, lengths: Tensor, like: Tensor,
+                             keys: Optional[Tensor] = None) -> Tensor:
         """``--context-memory frozen``: the memory sentences' last-layer
         states (``W x S x C``, ``like``'s dtype) under the frozen sentence-level
         encoder, in eval mode, without gradients. Read from the cache (keyed on
@@ -392,22 +411,34 @@ class SelectiveDocEncoder(TransformerEncoderBase):
                 return torch.cat(parts, 1).to(like.dtype).detach()
             cache.validate("encoder", weights_signature(
                 _sentence_level_weights(enc, own=enc is self)))
-            entries = cache.fetch(row_keys(mem, self.padding_idx, tag="src"),
-                                  real.sum(1).tolist(),
-                                  lambda idx: self._encode_frozen(enc, mem, lengths, real, idx),
-                                  self.memory_chunk_tokens)
-            (states,) = assemble(entries, real, like.dtype)
+            if keys is not None:  # the collater's digests: one host read per batch
+                host = torch.cat([keys, lengths.unsqueeze(1)], 1).tolist()
+                row_key = [("src", a, b) for a, b, _ in host]
+                lens = [n for _, _, n in host]
+            else:  # inputs built without them: the tokens themselves
+                row_key = row_keys(mem, self.padding_idx, tag="src")
+                lens = real.sum(1).tolist()
+            left = bool(self.args.left_pad_source)
+            entries = cache.fetch(
+                row_key, lens,
+                lambda rows: self._encode_frozen(enc, mem, lengths, lens, left, rows),
+                self.memory_chunk_tokens)
+            (states,) = assemble_rows(entries, mem.size(1), left, like.device, like.dtype)
         return states.transpose(0, 1)
 
     @staticmethod
-    def _encode_frozen(enc, mem: Tensor, lengths: Tensor, real: Tensor,
-                       idx: Tensor) -> Tuple[Tensor]:
-        """Cache misses: the states of memory rows ``idx`` at their real
-        tokens (``sum x C``), the rows trimmed to their longest."""
-        idx = idx.to(mem.device)
-        tokens, rows = _trim(mem.index_select(0, idx), real.index_select(0, idx))
+    def _encode_frozen(enc, mem: Tensor, lengths: Tensor, lens: List[int], left: bool,
+                       rows: List[int]) -> Tuple[Tensor]:
+        """Cache misses: the states of memory rows ``rows`` at their real
+        tokens (``sum x C``), the rows trimmed to their longest (``lens``:
+        the real tokens per memory row, on the host)."""
+        idx = torch.tensor(rows, dtype=torch.long, device=mem.device)
+        n = [lens[i] for i in rows]
+        tokens = mem.index_select(0, idx)[:, _cut(mem.size(1), max(n), left)]
         out = TransformerEncoderBase.forward_scriptable(enc, tokens, lengths.index_select(0, idx))
-        return (out["encoder_out"][0].transpose(0, 1)[rows],)
+        states = out["encoder_out"][0].transpose(0, 1)  # k x w x C
+        flat = states.reshape(-1, states.size(-1))
+        return (flat.index_select(0, _real_positions(n, states.size(1), left, flat.device)),)
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
@@ -604,27 +635,47 @@ class SelectiveDocDecoder(TransformerDecoderBase):
             if src.shape != src_pad.shape:
                 raise RuntimeError("frozen memory: mem_src_tokens do not match the memory's "
                                    "encoder states")
-            keys = [("tgt",) + s + t for s, t in zip(row_keys(src.masked_fill(src_pad, -1), -1),
-                                                      row_keys(prev, self.padding_idx))]
+            parts = [encoder_out.get(k, [None])[0] for k in
+                     ("mem_src_key", "mem_tgt_key", "mem_src_lengths", "mem_tgt_lengths")]
+            if all(t is not None for t in parts):  # the collater's digests: one host read
+                host = torch.cat([parts[0], parts[1], parts[2].unsqueeze(1),
+                                  parts[3].unsqueeze(1)], 1).tolist()
+                keys = [("tgt", a, b, c, d) for a, b, c, d, _, _ in host]
+                src_lens = [h[4] for h in host]
+                lens = [h[5] for h in host]
+            else:
+                keys = [("tgt",) + s + t for s, t in zip(
+                    row_keys(src.masked_fill(src_pad, -1), -1), row_keys(prev, self.padding_idx))]
+                lens = real.sum(1).tolist()
+                src_lens = (~src_pad).sum(1).tolist()
+            left_src = bool(self.args.left_pad_source)
+            left_tgt = bool(getattr(self.args, "left_pad_target", False))
             entries = cache.fetch(
-                keys, real.sum(1).tolist(),
-                lambda idx: self._decode_frozen(dec, prev, real, enc_states, src_pad, idx),
+                keys, lens,
+                lambda rows: self._decode_frozen(dec, prev, enc_states, src_pad, lens, src_lens,
+                                                 left_src, left_tgt, rows),
                 self.memory_chunk_tokens)
-            return assemble(entries, real, enc_states.dtype)
+            return assemble_rows(entries, prev.size(1), left_tgt, enc_states.device,
+                                 enc_states.dtype)
 
     @classmethod
-    def _decode_frozen(cls, dec, prev: Tensor, real: Tensor, enc_states: Tensor,
-                       src_pad: Tensor, idx: Tensor) -> Tuple[Tensor, Tensor]:
-        """Cache misses: keys and values of memory rows ``idx`` at their real
-        target positions (``sum x C`` each), rows trimmed to their longest."""
-        idx = idx.to(prev.device)
-        tokens, rows = _trim(prev.index_select(0, idx), real.index_select(0, idx))
-        src_real = ~src_pad.index_select(0, idx)
-        cols = src_real.any(0)
+    def _decode_frozen(cls, dec, prev: Tensor, enc_states: Tensor, src_pad: Tensor,
+                       lens: List[int], src_lens: List[int], left_src: bool, left_tgt: bool,
+                       rows: List[int]) -> Tuple[Tensor, Tensor]:
+        """Cache misses: keys and values of memory rows ``rows`` at their real
+        target positions (``sum x C`` each), sources and targets trimmed to
+        their longest (``lens``/``src_lens``: real tokens per row, on the host)."""
+        idx = torch.tensor(rows, dtype=torch.long, device=prev.device)
+        n = [lens[i] for i in rows]
+        tokens = prev.index_select(0, idx)[:, _cut(prev.size(1), max(n), left_tgt)]
+        cols = _cut(enc_states.size(0), max(src_lens[i] for i in rows), left_src)
         mem_enc = {"encoder_out": [enc_states.index_select(1, idx)[cols]],
-                   "encoder_padding_mask": [~src_real[:, cols]]}
-        x, _, keys = cls._features_and_source_attention(dec, tokens, mem_enc)
-        return keys.transpose(0, 1)[rows], x[rows]
+                   "encoder_padding_mask": [src_pad.index_select(0, idx)[:, cols]]}
+        x, _, keys = cls._features_and_source_attention(dec, tokens, mem_enc)  # k x w x C
+        pos = _real_positions(n, x.size(1), left_tgt, x.device)
+        C = x.size(-1)
+        return (keys.transpose(0, 1).reshape(-1, C).index_select(0, pos),
+                x.reshape(-1, C).index_select(0, pos))
 
     def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                          incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
@@ -729,7 +780,7 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
         parser.add_argument("--memory-cache-sentences", type=int, metavar="N",
                             help="--context-memory frozen: keep the frozen model's states of "
                                  "up to N memory sentences (entries; least recently used out) "
-                                 "in a cache on the CPU in float16, so that a sentence is "
+                                 "in a cache on the CPU (in the model's precision), so that a sentence is "
                                  "encoded once, not in every batch; 0: no cache (default "
                                  f"{MEMORY_CACHE_SENTENCES})")
         parser.add_argument("--doc-sentence-distance", type=int, metavar="N",
@@ -773,6 +824,7 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
                 logger.warning("--memory-precomputed with --memory-cache-sentences 0: every "
                                "batch encodes its whole document memory (without gradients)")
         args.left_pad_source = bool(getattr(tcfg, "left_pad_source", True))
+        args.left_pad_target = bool(getattr(tcfg, "left_pad_target", False))
         if args.context_integration == "decoder" and tcfg is not None and \
                 int(getattr(tcfg, "target_context_size", 0)) <= 0:
             raise ValueError("--context-integration decoder needs the target side of the "

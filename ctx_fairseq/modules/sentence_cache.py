@@ -12,9 +12,21 @@ position. A document longer than a batch therefore costs no re-encoding for
 its later chunks, and ``--max-tokens`` only has to bound the sentences
 encoded with gradients (``--memory-precomputed`` in the task).
 
-Entries are kept on the CPU in half precision by default (a 512-dimensional
-state of a 25-token sentence is 25 KB), least recently used first out when
-``max_sentences`` is reached. The cache is not saved with checkpoints (nor
+Entries are kept on the CPU in the precision they were computed in by
+default (``dtype=None``: the model's, so that cached and uncached memories
+are equal; a 512-dimensional state of a 25-token sentence is 50 KB in
+float32, 25 KB under ``--fp16``), least recently used first out when
+``max_sentences`` is reached.
+
+Host work, not device reads. Keys are 128-bit digests of the sentences'
+tokens (:func:`sentence_digest`), computed by the task's collater on the
+CPU where the tokens are (``mem_src_key``/``mem_tgt_key``), so a batch
+reads back only those keys and the lengths, once (no ``.tolist()`` of the
+memory, no Python loop over tokens); :meth:`SentenceStateCache.fetch` copies
+the states of all of a batch's misses to the host in one copy, and
+:func:`assemble_rows` builds the padded memory with one host-to-device copy
+and an index computed on the host. (:func:`row_keys`, exact token tuples,
+is what inputs without the collater's keys use.) The cache is not saved with checkpoints (nor
 copied by ``copy.deepcopy`` or pickled: a copy starts empty) and is emptied
 when the frozen weights are (re)loaded; :meth:`SentenceStateCache.validate`
 also empties it when the weights it was filled with have changed (new
@@ -27,7 +39,50 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["SentenceStateCache", "row_keys", "assemble", "weights_signature"]
+__all__ = ["SentenceStateCache", "row_keys", "assemble", "assemble_rows", "sentence_digest",
+           "weights_signature"]
+
+
+def sentence_digest(tokens) -> Tuple[int, int]:
+    """A 128-bit content digest (BLAKE2b) of a sentence's tokens (any
+    integer sequence; compared as int64), as two signed 64-bit integers."""
+    import hashlib
+
+    import numpy as np
+
+    raw = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64)).tobytes()
+    d = hashlib.blake2b(raw, digest_size=16).digest()
+    return (int.from_bytes(d[:8], "little", signed=True),
+            int.from_bytes(d[8:], "little", signed=True))
+
+
+def assemble_rows(entries: Sequence[Tuple[Tensor, ...]], width: int, left_pad: bool,
+                  device, dtype: torch.dtype) -> Tuple[Tensor, ...]:
+    """The padded ``S x width x C`` tensors (on ``device``, in ``dtype``) of
+    ``S`` entries: entry ``i``'s ``n_i`` rows fill the last (``left_pad``) or
+    first ``n_i`` positions of row ``i`` (where a padded batch has its real
+    tokens), the others are 0. The positions are computed on the host from
+    the entries' lengths: one host-to-device copy per kind of state and of the
+    index, no read back."""
+    import numpy as np
+
+    S = len(entries)
+    lens = np.fromiter((e[0].size(0) for e in entries), dtype=np.int64, count=S)
+    rows = np.repeat(np.arange(S, dtype=np.int64), lens)
+    starts = np.cumsum(lens) - lens
+    within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(starts, lens)
+    if left_pad:
+        within = within + np.repeat(width - lens, lens)
+    index = torch.as_tensor(rows * width + within, device=device)  # host-to-device
+    out = []
+    for k in range(len(entries[0])):
+        host = torch.cat([e[k] for e in entries], 0) if S > 1 else entries[0][k]
+        flat = torch.empty(host.shape, dtype=host.dtype, device=device)
+        flat = flat.copy_(host, non_blocking=True).to(dtype)  # host-to-device
+        full = flat.new_zeros(S * width, flat.size(-1))
+        full.index_copy_(0, index, flat)
+        out.append(full.view(S, width, -1))
+    return tuple(out)
 
 
 def row_keys(tokens: Tensor, pad: int, *others: Tensor, tag: Optional[str] = None
@@ -77,7 +132,7 @@ class SentenceStateCache:
     then computes everything and keeps nothing)."""
 
     def __init__(self, max_sentences: int = 100_000,
-                 dtype: Optional[torch.dtype] = torch.float16,
+                 dtype: Optional[torch.dtype] = None,
                  device: Optional[str] = "cpu", chunk_tokens: int = 8192):
         self.max_sentences = int(max_sentences)
         self.dtype = dtype
@@ -132,7 +187,7 @@ class SentenceStateCache:
               chunk_tokens: Optional[int] = None) -> List[Tuple[Tensor, ...]]:
         """States of each key (each a tuple of ``lengths[i] x C`` tensors).
 
-        ``compute(indices)`` (``indices`` into the request, a LongTensor)
+        ``compute(indices)`` (``indices`` into the request, a list of ints)
         returns a tuple of tensors ``sum(lengths[indices]) x C``: the states
         of those rows, padding left out, concatenated in the order of
         ``indices``. It runs under ``torch.no_grad``."""
@@ -152,15 +207,19 @@ class SentenceStateCache:
         self.misses += len(missing)
         budget = int(chunk_tokens or self.chunk_tokens)
         start = 0
+        computed: List[Tuple[Tensor, ...]] = []
         while start < len(missing):
             rows = max(1, budget // max(1, int(lengths[missing[start]])))
             idx = missing[start:start + rows]
             start += len(idx)
             with torch.no_grad():
-                states = compute(torch.tensor(idx, dtype=torch.long))
-                sizes = [int(lengths[i]) for i in idx]
-                parts = [self._store(s).split(sizes, 0) for s in states]
-            for j, i in enumerate(idx):
+                computed.append(compute(list(idx)))
+        if computed:  # all of the batch's misses: one copy per kind of state
+            states = [self._store(torch.cat([c[k] for c in computed], 0)
+                                  if len(computed) > 1 else computed[0][k])
+                      for k in range(len(computed[0]))]
+            parts = [st.split([int(lengths[i]) for i in missing], 0) for st in states]
+            for j, i in enumerate(missing):
                 entry = tuple(p[j].clone() for p in parts)
                 out[i] = entry
                 if self.max_sentences > 0:
