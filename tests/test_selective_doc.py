@@ -1168,3 +1168,94 @@ def test_frozen_memory_without_its_frozen_copy_is_an_error():
     _M.args.freeze_sentence_level = True
     m = _M()
     assert _frozen_source(m, "memory_encoder") is m
+
+
+# --------------------------------------------------------------------------- host reads
+
+#: (integration, model options) -> host reads allowed beyond the transformer's, per
+#: batch: a frozen memory reads its cache keys and lengths back once per batch (the
+#: cache is on the host; ctx_fairseq.modules.sentence_cache), once per part using it
+#: (decoder integration: the encoder for the memory sources, the decoder for the
+#: targets); a shared decoder memory decodes the memory's targets in one more fairseq
+#: decoder pass (TransformerDecoder.extract_features_scriptable reads
+#: prev_output_tokens.eq(pad).any() once; a frozen one, warm, runs none)
+HOST_READ_CONFIGS = {
+    "enc-shared": ("encoder", [], 0),
+    "enc-shared-sparse-sparse": ("encoder", ["--word-attn", "sparsemax"], 0),
+    "enc-flat-sentence": ("encoder", ["--doc-attention", "flat-sentence"], 0),
+    "enc-flat-word": ("encoder", ["--doc-attention", "flat-word"], 0),
+    "enc-dense": ("encoder", ["--dense-doc-attention"], 0),
+    "enc-frozen": ("encoder", ["--context-memory", "frozen"], 1),
+    "dec-shared": ("decoder", [], 1),
+    "dec-frozen": ("decoder", ["--context-memory", "frozen"], 2),
+}
+
+
+def _reads(fn):
+    from ctx_fairseq.host_reads import HostReadCounter
+
+    with HostReadCounter() as reads:
+        fn()
+    return reads.by_op
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+@pytest.mark.parametrize("name", list(HOST_READ_CONFIGS))
+def test_training_step_host_reads_are_the_transformers(name, mode):
+    """One training forward + backward (the second: a frozen memory's cache is
+    warm) reads back no more than fairseq's transformer of the same shape on
+    the same batch, plus what HOST_READ_CONFIGS allows per batch: the context
+    layer itself reads nothing (static shapes, the collater's index tensors)."""
+    from fairseq_cli_utils import build_tiny_model
+
+    integration, extra, allowed = HOST_READ_CONFIGS[name]
+    model, d = build(extra, integration=integration, mode=mode, double=False)
+    plain, _ = build_tiny_model("transformer", vocab=VOCAB, double=False)
+    data = corpus(d, [5, 4, 2])
+    ni = collate(d, data, [1, 2, 3, 4, 6, 7, 9, 10], mode, integration)["net_input"]
+    plain_in = {k: ni[k] for k in ("src_tokens", "src_lengths", "prev_output_tokens")}
+
+    def step(m, inputs):
+        m.train()
+        m.zero_grad()
+        m(**inputs)[0].float().sin().sum().backward()
+
+    step(model, ni)  # warm: a frozen memory's cache misses
+    got = _reads(lambda: step(model, ni))
+    ref = _reads(lambda: step(plain, plain_in))
+    assert sum(got.values()) <= sum(ref.values()) + allowed, (got, ref)
+    assert not {"nonzero", "unique", "bool_index", "masked_select", "bincount"} & set(got), got
+
+
+@pytest.mark.parametrize("extra", [[], ["--word-attn", "sparsemax"],
+                                   ["--doc-attention", "flat-word"],
+                                   ["--context-memory", "frozen"]],
+                         ids=lambda e: "-".join(e) or "default")
+def test_incremental_step_host_reads_are_the_transformers(extra):
+    """Decoder integration, incremental decoding: after the first step (which
+    computes the memory), a step reads back exactly what the transformer's
+    step reads; a beam reorder adds nothing."""
+    from fairseq_cli_utils import build_tiny_model
+
+    model, d = build(extra, integration="decoder", mode="online", double=False)
+    plain, _ = build_tiny_model("transformer", vocab=VOCAB, double=False)
+    data = corpus(d, [4, 3])
+    ni = collate(d, data, [1, 2, 3, 5, 6], "online", "decoder")["net_input"]
+    prev = ni["prev_output_tokens"][:, :4]
+    counts = []
+    for m, inputs in ((model, enc_input(ni)),
+                      (plain, {k: ni[k] for k in ("src_tokens", "src_lengths")})):
+        per_step = []
+        with torch.no_grad():
+            enc = m.encoder(**inputs)
+            state = {}
+            for t in range(prev.size(1)):
+                if t == 2:
+                    order = torch.tensor([1, 0, 2, 4, 3])
+                    m.decoder.reorder_incremental_state_scripting(state, order)
+                    enc = m.encoder.reorder_encoder_out(enc, order)
+                per_step.append(sum(_reads(lambda: m.decoder(
+                    prev[:, :t + 1], enc, incremental_state=state)).values()))
+        counts.append(per_step)
+    (ours, ref) = counts
+    assert ours[1:] == ref[1:], counts
