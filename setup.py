@@ -60,6 +60,7 @@ setup(
             "ctx-prep-corpora = ctx_fairseq.data.prep_corpora:cli_main",
             "ctx-make-pronoun-suite = ctx_fairseq.eval.make_pronoun_suite:cli_main",
             "ctx-cxmi = ctx_fairseq.cli.entry_points:cxmi",
+            "ctx-generative-accuracy = ctx_fairseq.cli.entry_points:generative_accuracy",
         ]
     },
 )

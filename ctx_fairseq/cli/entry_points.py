@@ -36,3 +36,7 @@ def score_contrastive() -> None:
 
 def cxmi() -> None:
     _run("ctx_fairseq.eval.cxmi:cli_main")
+
+
+def generative_accuracy() -> None:
+    _run("ctx_fairseq.eval.generative_accuracy:cli_main")
