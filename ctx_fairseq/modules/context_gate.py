@@ -110,8 +110,8 @@ class ContextAwareEncoderLayer(EncoderLayerSubLayers, TransformerEncoderLayerBas
                                       need_weights=self.record)
         c_s = self.dropout_module(c_s)
         c_c = self.dropout_module(c_c)
-        if context_keep is not None:
-            c_c = c_c * context_keep
+        if context_keep is not None:  # in c_c's dtype: no float32 copy under autocast
+            c_c = c_c * context_keep.to(c_c.dtype)
         c, g = self.gate(c_s, c_c)
         if self.record:
             self.last_gate = g.detach()

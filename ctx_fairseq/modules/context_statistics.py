@@ -71,6 +71,8 @@ def real_tokens(tgt_len: int, bsz: int, device: torch.device,
 def mean_gate_sum(gate: Tensor, mask: Tensor) -> Tensor:
     """``[sum over the masked tokens of mean(gate, -1), number of masked
     tokens]`` (float64). ``gate``: ``T x B x G``; ``mask``: ``T x B`` bool."""
-    per_token = gate.detach().to(torch.float64).mean(-1)
+    # float64 sums (exact pooling over batches and workers): accumulated inside the
+    # reduction, never a float64 copy of the whole T x B x G gate
+    per_token = gate.detach().mean(-1, dtype=torch.float64)
     weight = mask.to(torch.float64)
     return torch.stack([(per_token * weight).sum(), weight.sum()])
