@@ -850,3 +850,57 @@ def test_distance_bias_tensor_not_larger_than_sentence_scores():
     assert bias.shape == (2, H, 1, 7)  # B x H x 1 x S_max, broadcast over the T = 3 tokens
     assert bias[0, :, 0, 0].tolist() == m.distance_bias[2 * n].tolist()  # distance 6 -> +N
     assert bias[1, :, 0, 6].tolist() == m.distance_bias[n - 2].tolist()  # distance -2
+
+
+# ------------------------------------------------------------ half precision
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_half_precision_matches_float32_on_a_long_document(mode):
+    """``model.half()`` (what ``--fp16`` does) on a 120-sentence document with
+    sentences without words and queries without context (first sentence, a
+    one-sentence document, a document absent from the memory): the layer's
+    output and input gradient match float32 within 1e-2 (outputs of scale ~3,
+    float16 has 11 bits), are finite, and the rows without context are
+    exactly ``r``. bfloat16 (CPU autocast's type, 8 bits): outputs within 5e-2
+    (the rounded scores may move a sentence in or out of the sparsemax support,
+    so its gradients are not compared)."""
+    att, sa, wa = mode
+    torch.manual_seed(0)
+    layer = DocumentContextLayer(C, H, 16, attention=att, sentence_attn=sa, word_attn=wa)
+    mem = make_memory([120, 1, 3], L=9, seed=5, empty=[3, 50, 121])
+    spec = [(0, 119), (0, 0), (0, 60), (1, 0), (2, 2), (7, 1)]
+    q, qd, qp = make_queries(spec, T=5, seed=6, scale=1.0)
+    no_ctx = torch.tensor([False, True, False, True, False, True])
+    results = {}
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        layer.to(dt)
+        qq = q.to(dt).requires_grad_()
+        pm = layer.project_memory(mem.keys.to(dt), mem.values.to(dt), mem.mask, mem.doc, mem.pos)
+        out, info = layer(qq, pm, qd, qp, True)
+        assert out.dtype == dt and torch.equal(info["has_context"], ~no_ctx)
+        assert torch.equal(out[:, no_ctx], qq[:, no_ctx])  # r~ = r exactly
+        out.float().sin().sum().backward()
+        assert torch.isfinite(out).all() and torch.isfinite(qq.grad).all()
+        assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+        results[dt] = (out.float(), qq.grad.float())
+        layer.zero_grad()
+    ref_out, ref_grad = results[torch.float32]
+    assert ref_out.abs().max() > 1.0
+    half_out, half_grad = results[torch.float16]
+    assert (half_out - ref_out).abs().max() < 1e-2
+    assert (half_grad - ref_grad).abs().max() < 1e-2 * max(1.0, float(ref_grad.abs().max()))
+    assert (results[torch.bfloat16][0] - ref_out).abs().max() < 5e-2
+
+
+def test_masked_normalize_half_precision_fills_are_safe():
+    """Float16 scores near the dtype's limits with masked entries and a fully
+    masked row: no inf/NaN, exact zeros where masked, sums of 1 elsewhere."""
+    scores = torch.tensor([[6e4, -6e4, 3.0, 1.0], [1.0, 2.0, 3.0, 4.0]], dtype=torch.float16)
+    mask = torch.tensor([[True, False, True, False], [False, False, False, False]])
+    for kind in ("sparsemax", "softmax"):
+        x = scores.clone().requires_grad_()
+        p = masked_normalize(x, mask, kind)
+        assert p.dtype == torch.float16 and torch.isfinite(p).all()
+        assert p[0, 1] == 0 and p[0, 3] == 0 and p[1].eq(0).all()
+        assert float(p[0].float().sum()) == pytest.approx(1.0, abs=1e-3)
+        p.float().pow(2).sum().backward()
+        assert torch.isfinite(x.grad).all() and x.grad[1].eq(0).all()

@@ -1259,3 +1259,39 @@ def test_incremental_step_host_reads_are_the_transformers(extra):
         counts.append(per_step)
     (ours, ref) = counts
     assert ours[1:] == ref[1:], counts
+
+
+# --------------------------------------------------------------------------- half precision
+
+
+@pytest.mark.parametrize("extra", [[], ["--context-memory", "frozen"]], ids=["shared", "frozen"])
+@pytest.mark.parametrize("integration", ["encoder", "decoder"])
+def test_half_precision_model_matches_float32(integration, extra):
+    """``model.half()`` (``--fp16``) on a 30-sentence document with queries
+    without context: the logits match float32 within 1e-2 (scale ~3), a
+    backward gives finite gradients, and a frozen memory is cached in float16,
+    the model's precision (cached == uncached)."""
+    model, d = build(extra, integration=integration, double=False)
+    data = corpus(d, [30, 3])
+    ni = collate(d, data, [0, 1, 5, 29, 30, 32], "online", integration)["net_input"]
+    with torch.no_grad():
+        ref = model(**ni)[0]
+    model.clear_memory_cache()
+    model.half()
+    with torch.no_grad():
+        uncached = None
+        if model.memory_cache is not None:
+            cache = model.memory_cache
+            model.set_memory_cache(None)
+            uncached = model(**ni)[0]
+            model.set_memory_cache(cache)
+        half = model(**ni)[0]
+    assert half.dtype == torch.float16 and torch.isfinite(half).all()
+    assert (half.float() - ref).abs().max() < 1e-2
+    if uncached is not None:
+        assert torch.equal(half, uncached)
+        assert {t.dtype for e in model.memory_cache.store.values() for t in e} == {torch.float16}
+    model.train()
+    model(**ni)[0].float().logsumexp(-1).sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

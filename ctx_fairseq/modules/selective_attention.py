@@ -36,12 +36,13 @@ Choices where the paper is silent:
   same document, ``s`` has at least one real word, and ``mem_pos[s] <
   query_pos[b]`` (online) or ``mem_pos[s] != query_pos[b]`` (offline). The
   current sentence is never visible, later ones never online. Masking is exact:
-  :func:`masked_normalize` fills disallowed scores with ``-inf`` (sparsemax
-  and softmax both give exactly 0 there, with zero gradient, as long
-  as the row has one finite entry: tested against the unmasked sub-vector); a row
-  with no allowed entry is filled with zeros (finite), normalised, and its
-  output replaced by 0, so sparsemax never sees an all ``-inf`` row (it would
-  give NaN) and the gradient of such a row is exactly 0.
+  :func:`masked_normalize` fills disallowed scores with the dtype's lowest
+  finite value ``torch.finfo(dtype).min`` (no ``-inf``/``1e9`` that would
+  overflow in half precision; sparsemax and softmax both give exactly 0
+  there, with zero gradient, as long as the row has one allowed entry: tested
+  against the unmasked sub-vector); a row with no allowed entry is filled
+  with zeros, normalised, and its output replaced by 0, so the gradient of
+  such a row is exactly 0 (finite).
 * **No context.** A query sentence with no visible sentence (first sentence
   online, one-sentence documents, a document absent from the memory) gets an
   attention output of exactly 0 (the ``W^O`` bias is not added), and
@@ -84,7 +85,7 @@ pronoun's antecedent is the most recent matching noun, earlier ones being
 distractors); the paper has no sentence-position information. Online only
 positive distances occur (visible sentences precede the query); distance 0
 is the sentence itself and is never visible, so its entry is never used.
-Visibility is unchanged (the bias is added before the ``-inf`` masking). The
+Visibility is unchanged (the bias is added before the masking). The
 bias is computed as a ``B x H x 1 x S_max`` tensor
 (broadcast over query tokens), smaller than the sentence score tensor, and
 the selective and dense paths share it (``_sentence_weights``), so they still
@@ -214,19 +215,21 @@ def masked_normalize(scores: Tensor, mask: Tensor, kind: str) -> Tensor:
     restricted to ``mask`` (bool, True = allowed, broadcastable to ``scores``).
 
     Disallowed entries get exactly 0 weight and 0 gradient; a row with no
-    allowed entry is all zeros with zero (finite) gradient."""
+    allowed entry is all zeros with zero (finite) gradient. Disallowed scores
+    are filled with ``torch.finfo(dtype).min`` (dtype-safe, never an overflow
+    in half precision; ``exp`` of it and sparsemax's clamp give exactly 0)."""
     row_ok = mask.any(dim=-1, keepdim=True)
     x = scores
-    if x.dtype in (torch.float16, torch.bfloat16):
+    if kind == "sparsemax" and x.dtype in (torch.float16, torch.bfloat16):
+        # stability: sparsemax's threshold comes from a cumulative sum over the
+        # sorted scores, which half precision rounds enough to move the support;
+        # the only upcast of the module (softmax accumulates in float32 itself)
         x = x.float()
-    x = x.masked_fill(~mask, float("-inf")).masked_fill(~row_ok, 0.0)
-    if kind == "sparsemax":
-        p = sparsemax(x)
-    elif kind == "softmax":
-        p = torch.softmax(x, dim=-1)
-    else:
+    if kind not in NORMALIZERS:
         raise ValueError(f"unknown normaliser {kind!r}; expected one of {NORMALIZERS}")
-    return p.masked_fill(~row_ok, 0.0).type_as(scores)
+    x = x.masked_fill(~mask, torch.finfo(x.dtype).min).masked_fill(~row_ok, 0.0)
+    p = sparsemax(x) if kind == "sparsemax" else torch.softmax(x, dim=-1)
+    return p.masked_fill(~row_ok, 0.0).to(scores.dtype)
 
 
 def memory_layout(mem_doc: Tensor, mem_pos: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
