@@ -904,3 +904,75 @@ def test_masked_normalize_half_precision_fills_are_safe():
         assert float(p[0].float().sum()) == pytest.approx(1.0, abs=1e-3)
         p.float().pow(2).sum().backward()
         assert torch.isfinite(x.grad).all() and x.grad[1].eq(0).all()
+
+
+# ------------------------------------------- the previous (data-dependent) version
+#: the last commit with the data-dependent implementation (per-document loop,
+#: nonzero/unique over the sparsemax support)
+PREVIOUS = "2bd7748"
+
+
+def _previous_module():
+    import os
+    import subprocess
+    import types
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        src = subprocess.run(
+            ["git", "show", f"{PREVIOUS}:ctx_fairseq/modules/selective_attention.py"],
+            cwd=root, capture_output=True, check=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"the previous implementation ({PREVIOUS}) is not in this checkout's git")
+    mod = types.ModuleType("previous_selective_attention")
+    exec(compile(src, f"{PREVIOUS}:selective_attention.py", "exec"), mod.__dict__)
+    return mod
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_equals_the_previous_implementation(mode, selective, online, seed):
+    """Random batches (sentences without words, one-sentence documents, a
+    document absent from the memory, queries without context, i.e. fully
+    masked rows): outputs, input and parameter gradients and the statistics
+    equal the previous data-dependent implementation (float64, 1e-10), with a
+    word capacity smaller than the largest document but not than the support."""
+    old = _previous_module()
+    att, sa, wa = mode
+    torch.manual_seed(seed)
+    m_old = old.HierarchicalContextAttention(C, H, att, sa, wa, selective=selective).double()
+    m_new = HierarchicalContextAttention(C, H, att, sa, wa, selective=selective,
+                                         word_capacity=5).double()
+    m_new.load_state_dict(m_old.state_dict())
+    mem = make_memory([5, 1, 7, 3], L=7, seed=seed, empty=[2, 6, 12])
+    g = torch.Generator().manual_seed(seed)
+    sizes = {0: 5, 1: 1, 2: 7, 3: 3, 9: 2}
+    spec = [(d, int(torch.randint(0, sizes[d], (1,), generator=g)))
+            for d in (2, 0, 1, 3, 2, 0, 9, 2)]
+    q, qd, qp = make_queries(spec, T=3, seed=seed)
+    res = []
+    for m in (m_old, m_new):
+        qq = q.clone().requires_grad_()
+        k, v = mem.keys.clone().requires_grad_(), mem.values.clone().requires_grad_()
+        out, info = m(qq, m.project_memory(k, v, mem.mask, mem.doc, mem.pos), qd, qp, online,
+                      need_weights=True, return_stats=True)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=DT)
+        (out * w).sum().backward()
+        res.append((out, info, [qq.grad, k.grad, v.grad] + [p.grad for p in m.parameters()]))
+    (o1, i1, g1), (o2, i2, g2) = res
+    assert float(i2.get("word_overflow_sum", 0)) == 0  # the capacity held the support
+    assert not i2["has_context"].all() and i2["has_context"].any()
+    assert torch.equal(i1["has_context"], i2["has_context"])
+    torch.testing.assert_close(o2, o1, rtol=0, atol=1e-10)
+    for a, b in zip(g1, g2):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-10)
+    for key in ("sentence_support_sum", "visible_sentences_sum", "word_support_sum",
+                "num_token_heads", "num_support_pairs"):
+        if key in i1:
+            torch.testing.assert_close(i2[key], i1[key], rtol=0, atol=1e-9)
+    s = min(i1["sent_weights"].size(-1), i2["sent_weights"].size(-1))
+    torch.testing.assert_close(i2["sent_weights"][..., :s], i1["sent_weights"][..., :s],
+                               rtol=0, atol=1e-10)
