@@ -870,6 +870,28 @@ def test_cli_iterative_decoding(han_ckpt, sentence_ckpt, toy_bin, tmp_path):
     assert len(hypotheses(res["output"])) == _n_test(toy_bin)
 
 
+def test_cli_own_target_context(han_ckpt, toy_bin, monkeypatch):
+    """fairseq-generate --own-target-context: each sentence's previous target
+    sentences are the model's own translations, re-collated by the task in
+    the layout the HAN reads (one sentence per row, built by the collater)."""
+    from ctx_fairseq.models.transformer_han import HANEncoder
+
+    ckpt, _ = han_ckpt
+    seen = []
+    real = HANEncoder.forward
+
+    def spy(self, src_tokens, *args, **kw):
+        seen.append(kw.get("tgt_ctx_sentences") is not None)
+        return real(self, src_tokens, *args, **kw)
+
+    monkeypatch.setattr(HANEncoder, "forward", spy)
+    out = generate([toy_bin, "--path", ckpt, "--gen-subset", "test", "--beam", "2",
+                    "--max-tokens", "500", "--num-workers", "0", "--max-len-b", "6",
+                    *HAN_ARGS, "--own-target-context"])
+    assert len(hypotheses(out)) == _n_test(toy_bin)
+    assert seen and all(seen)
+
+
 def test_cli_interactive_uses_its_own_translations(han_ckpt, toy_bin, toy_corpus, tmp_path,
                                                    monkeypatch):
     """fairseq-interactive: the previous target sentences are the model's own
