@@ -78,7 +78,11 @@ Choices where the paper is silent (stated in docs/transformer_han.md too):
 :func:`split_context` turns the ``document_translation`` task's concatenated
 context (``src_ctx_tokens`` / ``tgt_ctx_tokens``: sentences one after the
 other, each ended by the separator, padded on either side) into one row per
-context sentence, independent of the padding.
+context sentence, independent of the padding. It reads sizes back to the
+host (``.item()``, boolean masks): the task's collater builds the same rows
+on the CPU for ``transformer_han`` (``DocumentContextDataset.
+collate_context_sentences``, tested equal), so the model's forward pass uses
+this function only for batches that lack them (hand-made ones).
 """
 
 from typing import Dict, Optional, Sequence, Tuple
