@@ -13,15 +13,19 @@ indexed by device indices; a device tensor indexed by CPU indices is allowed,
 as on CUDA). ``.cpu()`` / ``.to("cpu")`` give plain tensors back; ``.item()``
 and ``.tolist()`` read the value, as on a GPU.
 
-``checked_generator(generator)`` replaces a generator's ``generate`` by one
-that asserts that the batch it is given (every tensor, ``id`` and ``target``
-included), the prefix and the constraints are all on ``OTHER``, runs the real
-generator on the CPU data outside the mode, and returns its hypotheses on
-``OTHER`` (as fairseq's generator returns them on the GPU).
+A model moved with ``model.to(OTHER)`` inside the mode computes on the CPU
+data as a GPU model would, so fairseq's generator and the task's generation
+paths run whole on the simulated device, and any tensor they create on the
+CPU (or leave there) and mix with the device's raises.
+
+``checked_generator(generator)`` wraps a generator's ``generate`` with an
+assertion that the batch it is given (every tensor, ``id`` and ``target``
+included), the prefix and the constraints are all on ``OTHER`` (stricter than
+fairseq, which fails only where it indexes one of them with device indices).
 """
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 OTHER = torch.device("meta")
@@ -45,6 +49,9 @@ class Elsewhere(torch.Tensor):
     def tolist(self):  # a read back to the host, as on a GPU
         return self.elem.tolist()
 
+    def data_ptr(self):  # (a wrapper has no storage of its own: 0 for every tensor)
+        return self.elem.data_ptr()
+
     def numpy(self, *a, **k):
         raise TypeError("can't convert a tensor on another device to numpy; use .cpu() first")
 
@@ -58,8 +65,46 @@ def _is_other(device) -> bool:
     return device is not None and torch.device(device) == OTHER
 
 
+def _from_data(factory):
+    """``torch.tensor`` / ``torch.as_tensor`` with ``device=OTHER``: they copy
+    the data to the device below the dispatcher's Python layer (the mode would
+    see a meta tensor without data), so they are wrapped while the mode is on."""
+
+    def make(data, *args, device=None, **kwargs):
+        if _is_other(device):
+            with _not_in_mode():
+                return Elsewhere(factory(data, *args, device="cpu", **kwargs))
+        return factory(data, *args, device=device, **kwargs)
+
+    return make
+
+
+class _not_in_mode:
+    def __enter__(self):
+        from torch.utils._python_dispatch import _pop_mode_temporarily
+
+        self._ctx = _pop_mode_temporarily()
+        self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
 class OtherDeviceMode(TorchDispatchMode):
     """See the module docstring."""
+
+    def __enter__(self):
+        self._saved = {name: getattr(torch, name) for name in ("tensor", "as_tensor")}
+        for name, factory in self._saved.items():
+            setattr(torch, name, _from_data(factory))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for name, factory in self._saved.items():
+                setattr(torch, name, factory)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -77,7 +122,9 @@ class OtherDeviceMode(TorchDispatchMode):
             return x
 
         a, k = tree_map(unwrap, args), tree_map(unwrap, kwargs)
-        if func is aten._to_copy.default and seen["other"] and not to_other:
+        if (func is aten._to_copy.default and seen["other"] and not to_other
+                and kwargs.get("device") is not None
+                and torch.device(kwargs["device"]).type == "cpu"):
             return func(*a, **k)  # back to the CPU
         if seen["other"] and seen["plain"]:
             if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
@@ -118,10 +165,6 @@ def not_on_other(*named):
             if not isinstance(t, Elsewhere)]
 
 
-def _unwrap(x):
-    return tree_map(lambda t: t.elem if isinstance(t, Elsewhere) else t, x)
-
-
 def checked_generator(generator, calls=None):
     """``generator`` with its ``generate`` checking devices (module docstring);
     ``calls`` (a list), when given, receives the ids of every call."""
@@ -131,12 +174,9 @@ def checked_generator(generator, calls=None):
         wrong = not_on_other(("sample", sample), ("prefix_tokens", prefix_tokens),
                              ("constraints", constraints))
         assert not wrong, f"tensors on the CPU reach the generator: {wrong}"
-        with _disable_current_modes():
-            if calls is not None:
-                calls.append(sample["id"].elem.tolist())
-            hypos = real(models, _unwrap(sample), prefix_tokens=_unwrap(prefix_tokens),
-                         constraints=_unwrap(constraints), **kw)
-        return tree_map(lambda t: Elsewhere(t) if isinstance(t, torch.Tensor) else t, hypos)
+        if calls is not None:
+            calls.append(sample["id"].tolist())
+        return real(models, sample, prefix_tokens=prefix_tokens, constraints=constraints, **kw)
 
     generator.generate = generate
     return generator

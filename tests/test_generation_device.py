@@ -3,8 +3,9 @@
 reach the generator with every tensor on the device of the batch fairseq gave
 the task. On CUDA a re-collated batch whose ``id`` (or ``target``) stayed on
 the CPU failed inside fairseq's generator; here the GPU is simulated on the
-CPU (``tests/other_device.py``): the batch is put on another device, the
-generator asserts that everything it gets is there, and the translations
+CPU (``tests/other_device.py``): the model and the batch are put on another
+device, the generator asserts that everything it gets is there (and any CPU
+tensor mixed with the device's raises, as on CUDA), and the translations
 equal those of the plain CPU run."""
 
 import numpy as np
@@ -38,7 +39,7 @@ def _task_and_model(toy_bin, arch, task_args, model=None):
     task = tasks.setup_task(args)
     if model is None:
         torch.manual_seed(0)
-        model = task.build_model(args).eval()
+        model = task.build_model(args).double().eval()  # see _translate
     task.load_dataset("test", task_cfg=task.cfg)  # as fairseq-generate loads it
     return task, model
 
@@ -61,21 +62,38 @@ def _batches(task, model, max_tokens=600):
     return list(itr)
 
 
+def _on_other(model):
+    """A copy of ``model`` on ``OTHER`` (the CPU model stays for the reference run)."""
+    import copy
+
+    from other_device import OTHER
+
+    with OtherDeviceMode():
+        return copy.deepcopy(model).to(OTHER)
+
+
 def _cpu(x):
     return x.cpu() if torch.is_tensor(x) else x
 
 
 def _translate(toy_bin, arch, task_args, gen_args, other, model=None):
-    """``{id: (tokens, score)}`` of the best hypotheses, the batches given to
-    the task on ``OTHER`` (``other``) or on the CPU."""
+    """``{id: (tokens, score)}`` of the best hypotheses, the model and the
+    batches on ``OTHER`` (``other``) or on the CPU. The models are in float64:
+    composite ops (attention) choose their kernels by the device they are
+    given, so the simulated device computes with other kernels than the CPU,
+    ~1e-6 apart in float32, enough to flip the near-ties of an untrained
+    model's beam search; in float64 the translations must be identical."""
     task, model = _task_and_model(toy_bin, arch, task_args, model)
+    batches = _batches(task, model)
+    if other:
+        model = _on_other(model)
     gen = _generator(task, model, gen_args)
     calls = []
     if other:
         checked_generator(gen, calls)
     out = {}
     with torch.no_grad():
-        for sample in _batches(task, model):
+        for sample in batches:
             ids = sample["id"].tolist()
             if other:
                 with OtherDeviceMode():
@@ -91,8 +109,8 @@ def _translate(toy_bin, arch, task_args, gen_args, other, model=None):
 def test_own_target_context_batches_stay_on_the_device(toy_bin, case):
     arch, task_args = CASES[case]
     gen = ["--beam", "2", "--max-len-b", "4"]
-    on_other, model, calls = _translate(toy_bin, arch, task_args, gen, other=True)
-    on_cpu, _, _ = _translate(toy_bin, arch, task_args, gen, other=False, model=model)
+    on_cpu, model, _ = _translate(toy_bin, arch, task_args, gen, other=False)
+    on_other, _, calls = _translate(toy_bin, arch, task_args, gen, other=True, model=model)
     assert calls and sorted(on_other) == sorted(on_cpu) and len(on_cpu) == 48
     for i in on_cpu:
         assert on_other[i][0] == on_cpu[i][0], i
@@ -104,8 +122,8 @@ def test_score_reference_with_own_target_context_stays_on_the_device(toy_bin):
     the device too."""
     arch, task_args = CASES["selective_dec"]
     gen = ["--score-reference"]
-    on_other, model, calls = _translate(toy_bin, arch, task_args, gen, other=True)
-    on_cpu, _, _ = _translate(toy_bin, arch, task_args, gen, other=False, model=model)
+    on_cpu, model, _ = _translate(toy_bin, arch, task_args, gen, other=False)
+    on_other, _, calls = _translate(toy_bin, arch, task_args, gen, other=True, model=model)
     assert calls and on_other.keys() == on_cpu.keys()
     for i in on_cpu:
         assert on_other[i][0] == on_cpu[i][0]
@@ -140,7 +158,10 @@ def test_interactive_batches_of_several_sentences_stay_on_the_device(toy_bin, to
         task = tasks.setup_task(args)
         if model is None:
             torch.manual_seed(0)
-            model = task.build_model(args).eval()
+            model = task.build_model(args).double().eval()  # see _translate
+        cpu_model = model
+        if other:
+            model = _on_other(model)
         gen = _generator(task, model, ["--beam", "2", "--max-len-b", "5"])
         calls = []
         if other:
@@ -163,10 +184,10 @@ def test_interactive_batches_of_several_sentences_stay_on_the_device(toy_bin, to
                     hyps = task.inference_step(gen, [model], sample)
                 for i, h in zip(batch["id"].tolist(), hyps):
                     out[i] = _cpu(h[0]["tokens"]).tolist()
-        return out, model, calls
+        return out, cpu_model, calls
 
-    on_other, model, calls = run(True)
-    on_cpu, _, _ = run(False, model)
+    on_cpu, model, _ = run(False)
+    on_other, _, calls = run(True, model)
     assert on_other == on_cpu and sorted(on_cpu) == [0, 1, 2, 3]
     assert max(len(c) for c in calls) == (1 if target_context else 4)
 
