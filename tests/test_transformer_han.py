@@ -348,8 +348,9 @@ def test_context_gradient_option(grad):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_decoder_context_is_the_previous_targets_decoded_over_their_sources():
-    model, d = build()
+@pytest.mark.parametrize("extra", [[], ["--cross-self-attention"]])
+def test_decoder_context_is_the_previous_targets_decoded_over_their_sources(extra):
+    model, d = build(extra=extra)
     net, parts = batch(d, [2], 11)
     enc = model.encoder(net["src_tokens"], src_ctx_tokens=net["src_ctx_tokens"],
                         tgt_ctx_tokens=net["tgt_ctx_tokens"])

@@ -294,8 +294,13 @@ class HANDecoder(TransformerDecoderBase):
         filled = prev.masked_fill(~present & first, d.eos())
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.context_grad):
             with plain_attention(self):  # fairseq's teacher-forced pass, no padding read
-                y = decode_static(self, filled, encoder_out["han_ctx_src_out"][0],
-                                  encoder_out["han_ctx_src_padding_mask"][0])
+                src_out = encoder_out["han_ctx_src_out"][0]
+                src_mask = encoder_out["han_ctx_src_padding_mask"][0]
+                if self.cross_self_attention:  # (its mask is always given: no read either)
+                    y, _ = self.extract_features_scriptable(
+                        filled, {"encoder_out": [src_out], "encoder_padding_mask": [src_mask]})
+                else:
+                    y = decode_static(self, filled, src_out, src_mask)
             states = y * present.unsqueeze(2).to(y.dtype)
         mask = prev.eq(d.pad()) | prev.eq(d.eos()) | prev.eq(d.bos())
         k = self.k
