@@ -343,7 +343,7 @@ def _perturb(ni, row, d, seed, sides):
     """Replace the words of memory row ``row`` (source and/or target side)
     by random words; the query whose own row it is no longer shares it
     (``query_mem_row`` -1), so only the memory changes."""
-    ni = {k: v.clone() for k, v in ni.items()}
+    ni = {k: v.clone() if torch.is_tensor(v) else v.copy() for k, v in ni.items()}
     keys = {"src": ["mem_src_tokens"], "tgt": ["mem_tgt_tokens", "mem_tgt_prev_tokens"]}
     for side in sides:
         for k in keys[side]:
@@ -1173,21 +1173,19 @@ def test_frozen_memory_without_its_frozen_copy_is_an_error():
 # --------------------------------------------------------------------------- host reads
 
 #: (integration, model options) -> host reads allowed beyond the transformer's, per
-#: batch: a frozen memory reads its cache keys and lengths back once per batch (the
-#: cache is on the host; ctx_fairseq.modules.sentence_cache), once per part using it
-#: (decoder integration: the encoder for the memory sources, the decoder for the
-#: targets); a shared decoder memory decodes the memory's targets in one more fairseq
+#: batch: a shared decoder memory decodes the memory's targets in one more fairseq
 #: decoder pass (TransformerDecoder.extract_features_scriptable reads
-#: prev_output_tokens.eq(pad).any() once; a frozen one, warm, runs none)
+#: prev_output_tokens.eq(pad).any() once); a frozen memory, its cache warm, runs no
+#: pass and reads nothing (its keys are the collater's, on the host)
 HOST_READ_CONFIGS = {
     "enc-shared": ("encoder", [], 0),
     "enc-shared-sparse-sparse": ("encoder", ["--word-attn", "sparsemax"], 0),
     "enc-flat-sentence": ("encoder", ["--doc-attention", "flat-sentence"], 0),
     "enc-flat-word": ("encoder", ["--doc-attention", "flat-word"], 0),
     "enc-dense": ("encoder", ["--dense-doc-attention"], 0),
-    "enc-frozen": ("encoder", ["--context-memory", "frozen"], 1),
+    "enc-frozen": ("encoder", ["--context-memory", "frozen"], 0),
     "dec-shared": ("decoder", [], 1),
-    "dec-frozen": ("decoder", ["--context-memory", "frozen"], 2),
+    "dec-frozen": ("decoder", ["--context-memory", "frozen"], 0),
 }
 
 

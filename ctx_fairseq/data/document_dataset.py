@@ -777,11 +777,14 @@ class DocumentContextDataset(FairseqDataset):
           batch's query encodings (``0..B-1``) followed by those of the memory
           rows ``mem_extra_rows`` (the memory sentences that are no query of
           the batch, ``B..B+E-1``);
-        * ``mem_src_key`` (and with target memory ``mem_tgt_key``), ``S x 2``:
-          a 128-bit digest of each memory sentence's tokens
-          (:func:`ctx_fairseq.modules.sentence_cache.sentence_digest`), the
-          key of the frozen memory's cache, computed here where the tokens
-          are;
+        * ``mem_src_key`` (and with target memory ``mem_tgt_key``): a numpy
+          ``S x 3`` int64 array (not a tensor: it stays on the host when the
+          batch moves to the device), a 128-bit digest of each memory
+          sentence's tokens
+          (:func:`ctx_fairseq.modules.sentence_cache.sentence_digest`) and
+          its number of tokens: the key of the frozen memory's cache,
+          computed here where the tokens are, so that the model looks its
+          cache up without reading anything back from the device;
         * ``mem_tgt_tokens`` / ``mem_tgt_lengths`` with target memory (target
           context on): the target side of the same sentences (references, or
           ``tgt_context``), padded like the target, and ``mem_tgt_prev_tokens``
@@ -833,10 +836,11 @@ class DocumentContextDataset(FairseqDataset):
             out[f"mem_{side}_tokens"] = toks
             out[f"mem_{side}_lengths"] = torch.tensor([len(seqs[int(j)]) for j in mem],
                                                       dtype=torch.long)
-            keys = np.zeros((len(mem), 2), dtype=np.int64)
+            keys = np.zeros((len(mem), 3), dtype=np.int64)
             for r, j in enumerate(mem.tolist()):
-                keys[r] = sentence_digest(np.asarray(seqs[j]))
-            out[f"mem_{side}_key"] = torch.from_numpy(keys)
+                keys[r, :2] = sentence_digest(np.asarray(seqs[j]))
+                keys[r, 2] = len(seqs[j])
+            out[f"mem_{side}_key"] = keys
             if side == "tgt":  # teacher-forcing input, as fairseq's prev_output_tokens
                 out["mem_tgt_prev_tokens"] = (data_utils.collate_tokens(
                     [seqs[int(j)].long() for j in mem], d.pad(), d.eos(), left_pad=left,

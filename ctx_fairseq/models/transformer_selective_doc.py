@@ -58,10 +58,11 @@ precision they were computed in (the model's: cached == uncached; a
 source states, keys, values); each batch's memory is assembled from them
 into the padded ``S x W x C`` tensors on the model's device and dtype
 (padding positions 0, masked as before). Keys are 128-bit digests of the
-tokens made by the task's collater (``mem_src_key``/``mem_tgt_key``): a batch
-reads back only them and the lengths (one host read), copies all its misses'
-states to the host at once, and assembles its memory with one host-to-device
-copy (see :mod:`ctx_fairseq.modules.sentence_cache`). ``--memory-cache-sentences N`` (default 100000) bounds the
+tokens made by the task's collater (``mem_src_key``/``mem_tgt_key``, numpy
+arrays that stay on the host): a batch looks its memory up without reading
+anything back, copies all its misses' states to the host at once, and
+assembles its memory with one host-to-device copy (see
+:mod:`ctx_fairseq.modules.sentence_cache`). ``--memory-cache-sentences N`` (default 100000) bounds the
 number of entries (one per distinct source, plus one per distinct
 source-target pair with decoder integration), least recently used out; 0: no
 cache (the memory is computed per batch, in chunks). The cache is not a
@@ -228,6 +229,13 @@ def _real_positions(lengths: List[int], width: int, left_pad: bool, device) -> T
         within += np.repeat(width - lens, lens)
     rows = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
     return torch.as_tensor(rows * width + within, device=device)  # host-to-device
+
+
+def _host_rows(keys) -> List[List[int]]:
+    """The collater's ``mem_*_key`` rows (digest, digest, length) as Python
+    ints: a numpy array is on the host already (no read); a tensor (inputs
+    moved whole to the device) is read back once."""
+    return keys.tolist()
 
 
 def _cut(width: int, n: int, left_pad: bool) -> slice:
@@ -411,8 +419,8 @@ class SelectiveDocEncoder(TransformerEncoderBase):
                 return torch.cat(parts, 1).to(like.dtype).detach()
             cache.validate("encoder", weights_signature(
                 _sentence_level_weights(enc, own=enc is self)))
-            if keys is not None:  # the collater's digests: one host read per batch
-                host = torch.cat([keys, lengths.unsqueeze(1)], 1).tolist()
+            if keys is not None:  # the collater's digests and lengths, on the host
+                host = _host_rows(keys)
                 row_key = [("src", a, b) for a, b, _ in host]
                 lens = [n for _, _, n in host]
             else:  # inputs built without them: the tokens themselves
@@ -635,14 +643,12 @@ class SelectiveDocDecoder(TransformerDecoderBase):
             if src.shape != src_pad.shape:
                 raise RuntimeError("frozen memory: mem_src_tokens do not match the memory's "
                                    "encoder states")
-            parts = [encoder_out.get(k, [None])[0] for k in
-                     ("mem_src_key", "mem_tgt_key", "mem_src_lengths", "mem_tgt_lengths")]
-            if all(t is not None for t in parts):  # the collater's digests: one host read
-                host = torch.cat([parts[0], parts[1], parts[2].unsqueeze(1),
-                                  parts[3].unsqueeze(1)], 1).tolist()
-                keys = [("tgt", a, b, c, d) for a, b, c, d, _, _ in host]
-                src_lens = [h[4] for h in host]
-                lens = [h[5] for h in host]
+            parts = [encoder_out.get(k, [None])[0] for k in ("mem_src_key", "mem_tgt_key")]
+            if all(t is not None for t in parts):  # the collater's digests, on the host
+                src_rows, tgt_rows = _host_rows(parts[0]), _host_rows(parts[1])
+                keys = [("tgt", a, b, c, d) for (a, b, _), (c, d, _) in zip(src_rows, tgt_rows)]
+                src_lens = [h[2] for h in src_rows]
+                lens = [h[2] for h in tgt_rows]
             else:
                 keys = [("tgt",) + s + t for s, t in zip(
                     row_keys(src.masked_fill(src_pad, -1), -1), row_keys(prev, self.padding_idx))]

@@ -20,9 +20,9 @@ float32, 25 KB under ``--fp16``), least recently used first out when
 
 Host work, not device reads. Keys are 128-bit digests of the sentences'
 tokens (:func:`sentence_digest`), computed by the task's collater on the
-CPU where the tokens are (``mem_src_key``/``mem_tgt_key``), so a batch
-reads back only those keys and the lengths, once (no ``.tolist()`` of the
-memory, no Python loop over tokens); :meth:`SentenceStateCache.fetch` copies
+CPU where the tokens are (``mem_src_key``/``mem_tgt_key``, numpy arrays that
+stay on the host), so a batch looks its memory up without reading anything
+back (no ``.tolist()`` of the memory, no Python loop over tokens); :meth:`SentenceStateCache.fetch` copies
 the states of all of a batch's misses to the host in one copy, and
 :func:`assemble_rows` builds the padded memory with one host-to-device copy
 and an index computed on the host. (:func:`row_keys`, exact token tuples,
