@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from ctx_fairseq.cli import demo
@@ -36,12 +37,15 @@ def demo_run(tiny_model, tmp_path_factory):
 def test_demo_runs_and_reuses_steps(demo_run, capsys):
     demo.cli_main(["--workdir", demo_run, "--archs", "transformer", *TINY])
     out = capsys.readouterr().out
-    assert "[5/5] BLEU + contrastive accuracy transformer: done" in out
-    assert "pron d=2" in out and "coh d=1" in out
+    assert "[5/5] BLEU + contrastive accuracy + CXMI transformer: done" in out
+    assert "pron d=2" in out and "coh d=1" in out and "CXMI" in out
     results = json.load(open(os.path.join(demo_run, "results.json")))
     r = results["transformer"]
     assert 0.0 <= r["bleu"] <= 100.0 and r["params"] > 0
     pron = r["contrastive"]["by_phenomenon"]["pronoun"]
+    assert r["cxmi"] == {"shuffled": None, "why": "sentence-level model (no context)",
+                         "refused": False}
+    assert "[1]" not in out  # no footnote: a sentence-level model has no context to measure
     assert pron["n"] > 0 and 0.0 <= pron["accuracy"] <= 1.0
     ckpt = os.path.join(demo_run, "checkpoints", "transformer", "checkpoint_last.pt")
     assert os.path.exists(ckpt)
@@ -63,7 +67,7 @@ def test_demo_runs_and_reuses_steps(demo_run, capsys):
     out = capsys.readouterr().out
     assert out.count("done earlier, reused") == 2  # toy corpus and preprocessing
     for step in ("train transformer", "fairseq-generate transformer",
-                 "BLEU + contrastive accuracy transformer"):
+                 "BLEU + contrastive accuracy + CXMI transformer"):
         assert f"{step}: done in" in out
 
 
@@ -98,6 +102,15 @@ def test_demo_runs_the_selective_model_in_both_integrations(tiny_model, tmp_path
         assert res["sentences"] > 0
         assert res["contrastive"]["overall"]["n"] > 0
         assert arch in out
+    # CXMI: a number, or (while ctx-cxmi refuses document-memory models) "-" with a
+    # footnote giving ctx-cxmi's reason, never a number it did not compute
+    for arch in ("transformer_selective_doc", "transformer_selective_doc_dec"):
+        c = json.load(open(os.path.join(work, "results", f"{arch}.json")))["cxmi"]
+        if c["refused"]:
+            assert c["shuffled"] is None and "document memory" in c["why"]
+            assert "no CXMI for" in out and arch in out.split("no CXMI for", 1)[1]
+        else:
+            assert np.isfinite(c["shuffled"])
     steps = open(os.path.join(work, "logs", "generate-transformer_selective_doc_dec.log"),
                  errors="replace").read() if os.path.exists(
         os.path.join(work, "logs", "generate-transformer_selective_doc_dec.log")) else ""
@@ -119,3 +132,47 @@ def test_changed_training_settings_start_anew(tiny_model, tmp_path, capsys):
                        map_location="cpu", weights_only=True)
     assert state["optimizer_history"][-1]["num_updates"] == 3
     assert "No existing checkpoint found" in log
+
+
+def test_demo_cxmi_column_is_ctx_cxmi(tiny_model, tmp_path, capsys):
+    """A context model's CXMI cell is compute_cxmi's CXMI against shuffled
+    context on the test split, recomputed here from the checkpoint."""
+    from ctx_fairseq.eval import cxmi
+
+    work = str(tmp_path / "ctx")
+    demo.cli_main(["--workdir", work, "--archs", "transformer_context_aware", *TINY])
+    out = capsys.readouterr().out
+    res = json.load(open(os.path.join(work, "results", "transformer_context_aware.json")))
+    ckpt = os.path.join(work, "checkpoints", "transformer_context_aware", "checkpoint_last.pt")
+    model, task, cfg = cxmi.load(ckpt, os.path.join(work, "data-bin"), cuda=False)
+    want, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
+    assert res["cxmi"]["shuffled"] == pytest.approx(want["shuffled"]["cxmi"], abs=1e-9)
+    assert res["cxmi"]["tokens"] == want["tokens"] and not res["cxmi"]["refused"]
+    row = next(line for line in out.splitlines() if line.startswith("transformer_context_aware"))
+    assert f"{want['shuffled']['cxmi']:.4f}" in row.split()
+
+
+def test_format_table_cxmi_cells_and_footnotes():
+    """'-' for a sentence-level model, the number for a context model, '-[k]'
+    with one footnote per reason ctx-cxmi gave for refusing."""
+    group = {"n": 3, "correct": 3, "ties": 0, "wrong": 0, "accuracy": 1.0}
+    contrastive = {"by_phenomenon": {"pronoun": group}, "by_distance": {"pronoun": {"1": group}}}
+
+    def res(c):
+        return {"params": 1e5, "bleu": 50.0, "contrastive": contrastive, "cxmi": c}
+
+    why = "it reads a document memory (--document-memory): not supported yet"
+    table = demo.format_table({
+        "transformer": res({"shuffled": None, "why": "sentence-level model (no context)",
+                            "refused": False}),
+        "transformer_context_aware": res({"shuffled": 0.02301, "refused": False}),
+        "transformer_selective_doc": res({"shuffled": None, "why": why, "refused": True}),
+        "transformer_selective_doc_dec": res({"shuffled": None, "why": why, "refused": True}),
+    }, 1)
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:6]}
+    assert rows["transformer"][3] == "-"
+    assert rows["transformer_context_aware"][3] == "0.0230"
+    assert rows["transformer_selective_doc"][3] == rows["transformer_selective_doc_dec"][3] == "-[1]"
+    assert table.count("no CXMI for") == 1
+    assert ("[1] no CXMI for transformer_selective_doc, transformer_selective_doc_dec: ctx-cxmi "
+            f"refuses it: {why}") in table

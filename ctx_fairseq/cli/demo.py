@@ -4,7 +4,11 @@ Steps: make the toy corpus (``ctx-make-toy``), binarize it with
 ``fairseq-preprocess --joined-dictionary``, then for each architecture train a
 small model with ``fairseq-train --user-dir ctx_fairseq``, translate the test
 set with ``fairseq-generate``, score BLEU with sacreBLEU and the contrastive
-test set by antecedent distance, and print one side-by-side table.
+test set by antecedent distance, measure each context model's CXMI against
+shuffled context on the test split (:func:`ctx_fairseq.eval.cxmi.compute_cxmi`:
+the true and the shuffled context's teacher-forced passes; "-" for
+sentence-level models, and "-" with a footnote for a model ``ctx-cxmi``
+refuses, e.g. one with a document memory), and print one side-by-side table.
 
 Every step writes into ``--workdir`` and records the exact command it ran; a
 re-run with the same settings reuses finished steps, a changed setting re-runs
@@ -46,6 +50,11 @@ DEMO_MODEL_ARGS = [
     "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
     "--share-all-embeddings", "--dropout", "0.1",
 ]
+
+
+#: what a score step's results hold; a change re-runs the score steps of an
+#: earlier run (whose results lack the newer numbers) instead of reusing them
+SCORE_VERSION = "score: BLEU, contrastive, CXMI vs shuffled"
 
 
 class StepFailed(RuntimeError):
@@ -216,10 +225,10 @@ class Demo:
                                 stdout_path=gen, depends=depends)
         res_path = os.path.join(self.work, "results", f"{arch}.json")
         self.run_step(
-            f"score-{arch}", f"BLEU + contrastive accuracy {arch}",
+            f"score-{arch}", f"BLEU + contrastive accuracy + CXMI {arch}",
             [py, "-m", "ctx_fairseq.cli.demo", "--_score", arch, ckpt, binned,
              os.path.join(raw, "test.contrastive.jsonl"), gen, res_path],
-            [res_path], depends=[train_key, gen_key],
+            [res_path], depends=[train_key, gen_key, SCORE_VERSION],
         )
         with open(res_path, encoding="utf-8") as f:
             return json.load(f)
@@ -286,24 +295,55 @@ def _score(arch: str, ckpt: str, binned: str, jsonl: str, gen: str, out: str) ->
         ckpt, binned, jsonl, fmt="toy", gold_target_context=True)
     model, _task, _cfg = contrastive.load_checkpoint(ckpt, binned)
     result["params"] = sum(p.numel() for p in model.parameters())
+    result["cxmi"] = _cxmi(ckpt, binned, sentence_level=not contrastive._uses_context(_task))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out + ".partial", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
     os.replace(out + ".partial", out)
 
 
+def _cxmi(ckpt: str, binned: str, sentence_level: bool) -> Dict:
+    """CXMI against shuffled context on the test split (nats per target
+    token), through :func:`ctx_fairseq.eval.cxmi.compute_cxmi`; for a
+    sentence-level model or one that ``ctx-cxmi`` refuses, ``shuffled`` is
+    None and ``why`` says why (any other error fails the step)."""
+    from ctx_fairseq.eval import cxmi
+
+    if sentence_level:
+        return {"shuffled": None, "why": "sentence-level model (no context)", "refused": False}
+    try:
+        model, task, cfg = cxmi.load(ckpt, binned, cuda=False)
+    except cxmi.CXMIError as err:
+        return {"shuffled": None, "why": str(err).replace(ckpt, "the checkpoint"),
+                "refused": True}
+    result, _words = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
+    return {"shuffled": result["shuffled"]["cxmi"], "tokens": result["tokens"],
+            "sentences": result["sentences"], "refused": False,
+            "sentences_with_context": result["sentences_with_context"]}
+
+
 def format_table(results: Dict[str, Dict], max_distance: int) -> str:
     dists = [str(d) for d in range(1, max_distance + 1)]
-    head = (["arch", "params", "BLEU", "pronoun"] + [f"pron d={d}" for d in dists]
+    head = (["arch", "params", "BLEU", "CXMI", "pronoun"] + [f"pron d={d}" for d in dists]
             + ["cohesion"] + [f"coh d={d}" for d in dists])
     rows = []
+    notes: Dict[str, List[str]] = {}  # why ctx-cxmi refused -> the architectures
+
+    def cxmi_cell(arch, x):
+        if x["shuffled"] is not None:
+            return f"{x['shuffled']:.4f}"
+        if not x["refused"]:
+            return "-"
+        notes.setdefault(x["why"], []).append(arch)
+        return f"-[{list(notes).index(x['why']) + 1}]"
 
     def pct(x):
         return "-" if x is None or x.get("accuracy") is None else f"{100 * x['accuracy']:.1f}"
 
     for arch, r in results.items():
         c = r["contrastive"]
-        row = [arch, f"{r['params'] / 1e6:.2f}M", f"{r['bleu']:.2f}"]
+        row = [arch, f"{r['params'] / 1e6:.2f}M", f"{r['bleu']:.2f}",
+               cxmi_cell(arch, r["cxmi"])]
         for ph in ("pronoun", "lexical_cohesion"):
             row.append(pct(c["by_phenomenon"].get(ph)))
             row += [pct(c["by_distance"].get(ph, {}).get(d)) for d in dists]
@@ -314,6 +354,10 @@ def format_table(results: Dict[str, Dict], max_distance: int) -> str:
     lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
     lines.append("(contrastive accuracy in %, by antecedent distance d; chance: pronoun 33.3, "
                  "cohesion 50.0)")
+    lines.append("(CXMI: nats per target token of the test split, log p with the true context "
+                 "minus log p with shuffled context (ctx-cxmi); - for sentence-level models)")
+    for k, (why, archs) in enumerate(notes.items(), 1):
+        lines.append(f"[{k}] no CXMI for {', '.join(archs)}: ctx-cxmi refuses it: {why}")
     return "\n".join(lines)
 
 
@@ -357,7 +401,8 @@ def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ctx-demo",
         description="Train and compare architectures on the synthetic discourse corpus: "
-        "BLEU and contrastive accuracy by antecedent distance, side by side.",
+        "BLEU, CXMI against shuffled context and contrastive accuracy by antecedent distance, "
+        "side by side.",
     )
     p.add_argument("--workdir", default="ctx-demo-work",
                    help="where data, checkpoints, logs and results go (default: ./ctx-demo-work)")
