@@ -125,12 +125,11 @@ def _suites(toy_corpus, tmp_path):
     """The toy test records in every format (one context sentence)."""
     exs = toy_examples(toy_corpus, k=1)
     toy = os.path.join(toy_corpus, "test.contrastive.jsonl")
-    pairs = [e for e in exs if len(e["contrastive"]) >= 1]
     out = {"toy": (read_suite("toy", toy), toy),
            "voita": (None, write_voita(str(tmp_path / "deixis_test.json"), exs, true_last=True)),
            "contrapro": (None, write_contrapro(str(tmp_path / "contrapro"), exs, 1)),
-           "bawden": (None, write_pairs(str(tmp_path / "anaphora"), pairs, "bawden")),
-           "lopes": (None, write_pairs(str(tmp_path / "OpenSubs"), pairs, "lopes", 1))}
+           "bawden": (None, write_pairs(str(tmp_path / "anaphora"), exs, "bawden")),
+           "lopes": (None, write_pairs(str(tmp_path / "OpenSubs"), exs, "lopes", 1))}
     kw = {"lopes": {"context": 1}}
     return {f: (read_suite(f, p, **kw.get(f, {})) if s is None else s, p)
             for f, (s, p) in out.items()}

@@ -100,7 +100,7 @@ from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
 logger = logging.getLogger(__name__)
 
 __all__ = ["words", "distinguishing_words", "judge", "summarize", "translations_from_file",
-           "translate_suite", "evaluate", "format_result", "write_report", "cli_main"]
+           "translate_suite", "write_translations", "evaluate", "format_result", "write_report", "cli_main"]
 
 OUTCOMES = ("correct", "contrastive", "both", "other")
 _WORD = re.compile(r"[^\W_]+")
