@@ -245,3 +245,25 @@ def test_console_script():
     assert exe, "pip install -e . to install the console scripts"
     out = subprocess.run([exe, "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--generate-output" in out.stdout
+
+
+def test_tiny_document_memory_model_with_target_context(toy_bin, toy_corpus, tmp_path):
+    """transformer_selective_doc_dec (document memory, target context): the
+    toy suite is translated with the references as target context only when
+    asked (--gold-target-context), as the scorer scores it."""
+    from conftest import SELECTIVE_DEC_ARGS
+    from fairseq_cli_utils import TINY_MODEL_ARGS, train
+
+    save = str(tmp_path / "seldec")
+    train([toy_bin, "--arch", "transformer_selective_doc_dec", *TINY_MODEL_ARGS,
+           *SELECTIVE_DEC_ARGS, "--context-memory", "shared", "--share-all-embeddings",
+           "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "600", "--max-update", "2",
+           "--save-dir", save, "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1",
+           "--num-workers", "0", "--disable-validation"])
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    toy = os.path.join(toy_corpus, "test.contrastive.jsonl")
+    with pytest.raises(ValueError, match="--gold-target-context"):
+        ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=1, max_len_b=10)
+    res, suite, hyps = ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=1, max_len_b=10,
+                                   gold_target_context=True)
+    assert len(hyps) == len(suite.examples) and res["overall"]["n"] == len(hyps)
