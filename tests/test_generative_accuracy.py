@@ -267,3 +267,29 @@ def test_tiny_document_memory_model_with_target_context(toy_bin, toy_corpus, tmp
     res, suite, hyps = ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=1, max_len_b=10,
                                    gold_target_context=True)
     assert len(hyps) == len(suite.examples) and res["overall"]["n"] == len(hyps)
+
+
+def test_tiny_concat_model_with_target_context_equals_fairseq_generate(toy_bin, toy_corpus,
+                                                                      tmp_path):
+    """A concatenation model with source and target context (the target
+    context a forced decoder prefix, from the references): the translations
+    made here are fairseq-generate's on the split with --gold-target-context."""
+    from fairseq_cli_utils import TINY_MODEL_ARGS, generate, train
+
+    ctx = ["--task", "document_translation", "--concat-context", "--source-context-size", "1",
+           "--target-context-size", "1"]
+    save = str(tmp_path / "concat")
+    train([toy_bin, "--arch", "transformer", *ctx, *TINY_MODEL_ARGS, "--share-all-embeddings",
+           "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "600", "--max-update", "2",
+           "--save-dir", save, "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1",
+           "--num-workers", "0", "--disable-validation"])
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    gen = tmp_path / "gen.txt"
+    gen.write_text(generate([toy_bin, "--path", ckpt, *ctx, "--gold-target-context", "--beam",
+                             "2", "--max-len-b", "10", "--max-tokens", "2000", "--gen-subset",
+                             "test", "--num-workers", "0"]))
+    toy = os.path.join(toy_corpus, "test.contrastive.jsonl")
+    _, _, from_file = ga.evaluate(toy, "toy", generate_output=str(gen))
+    res, _, mine = ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=2, max_len_b=10,
+                               gold_target_context=True)
+    assert mine == from_file and res["overall"]["n"] == len(mine)

@@ -66,11 +66,11 @@ Context
     models without ``--allow-partial-document``). Target context, where the
     model reads it, is the references' or the suite's: the translation of the
     current sentence is the model's own, its context is not.
-    ``--context-ablation shuffled`` translates with wrong context. A
-    ``--concat-context`` model with target context is refused here (its
-    target context is a forced decoder prefix that the scorer's datasets do
-    not build): translate with ``fairseq-generate`` and give
-    ``--generate-output``.
+    ``--context-ablation shuffled`` translates with wrong context. The
+    scorer's datasets are built as generation datasets (the task's ``wrap``
+    with ``generation=True``, as for ``fairseq-generate``'s split): a
+    ``--concat-context`` model's target context is the decoder's forced
+    prefix, removed from the translation.
 
 Outputs
     ``OUT_DIR/generative_{name}.{md,json,png}`` (table, JSON with each
@@ -80,6 +80,8 @@ Outputs
 
 import argparse
 import collections
+import contextlib
+import functools
 import html
 import json
 import logging
@@ -96,6 +98,7 @@ from ctx_fairseq.eval.contrastive_suites import FORMATS, Example, Suite, read_su
 from ctx_fairseq.eval.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
     remove_bpe
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
+from ctx_fairseq.tasks.document_translation import _best_tokens_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -317,6 +320,22 @@ def _generation_args(beam: int, max_len_a: float, max_len_b: int, lenpen: float)
     return g
 
 
+@contextlib.contextmanager
+def _generation_datasets(task):
+    """While active, the task's ``wrap`` builds generation datasets (what
+    ``fairseq-generate``'s split gets: a ``--concat-context`` model's target
+    context becomes the decoder's forced prefix instead of part of the
+    target); the scorer's ``rank_datasets`` calls it."""
+    if not hasattr(task, "wrap"):  # a sentence-level task: nothing to wrap
+        yield
+        return
+    task.wrap = functools.partial(type(task).wrap, task, generation=True)
+    try:
+        yield
+    finally:
+        del task.wrap  # the class's method again
+
+
 @torch.no_grad()
 def translate_suite(scorer: ContrastiveScorer, suite: Suite, beam: int = 5,
                     max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0
@@ -325,18 +344,15 @@ def translate_suite(scorer: ContrastiveScorer, suite: Suite, beam: int = 5,
     correct candidate, over the scorer's datasets (module docstring); the
     translations are in the model's units with BPE removed."""
     task, model = scorer.task, scorer.model
-    concat = getattr(task.cfg, "concat_context", False)
-    if scorer.context and concat and task.cfg.target_context_size > 0:
-        raise ValueError("a --concat-context checkpoint with target context: its target context "
-                         "is a forced decoder prefix that the suite's datasets do not build; "
-                         "translate with fairseq-generate and give --generate-output")
     scorer.check_context(suite)
     generator = task.build_generator([model], _generation_args(beam, max_len_a, max_len_b,
                                                                 lenpen))
     device = next(model.parameters()).device
     tgt_dict = task.target_dictionary
     out: List[Optional[str]] = [None] * len(suite.examples)
-    for c_rank, (ds, rows) in enumerate(scorer.rank_datasets(suite)):
+    with _generation_datasets(task):
+        datasets = scorer.rank_datasets(suite)
+    for c_rank, (ds, rows) in enumerate(datasets):
         wanted = {int(rows[i]): i for i, ex in enumerate(suite.examples)
                   if ex.correct == c_rank and rows[i] >= 0}
         if not wanted:
@@ -346,9 +362,8 @@ def translate_suite(scorer: ContrastiveScorer, suite: Suite, beam: int = 5,
             sample["net_input"] = {k: (v.to(device) if torch.is_tensor(v) else v)
                                    for k, v in sample["net_input"].items()}
             hypos = task.inference_step(generator, [model], sample)
-            ids = sample["id"].tolist()
-            best = [h[0]["tokens"].int().cpu() for h in hypos]  # one copy per hypothesis
-            for row, toks in zip(ids, best):
+            ids = sample["id"].tolist()  # the collater's, on the host
+            for row, toks in zip(ids, _best_tokens_on_cpu(hypos)):  # one copy per batch
                 text = tgt_dict.string(toks)
                 for scheme in lines_with_bpe([text]):
                     text = remove_bpe([text], scheme)[0]
