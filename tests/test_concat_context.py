@@ -151,6 +151,87 @@ def test_own_target_context_uses_the_previous_hypotheses(concat_ckpt, toy_bin, m
     assert checked > 10
 
 
+def _per_length_reference(task, generator, models, sample):
+    """The hypotheses as the task made them before issue 18: one call of the
+    generator per distinct prefix length (fairseq's ``prefix_tokens``,
+    ``--max-len-b`` and ``--min-len`` raised by the length)."""
+    from fairseq.tasks.translation import TranslationTask
+
+    from ctx_fairseq.data.concat_dataset import strip_prefix
+    from ctx_fairseq.tasks.document_translation import _select_rows
+
+    plen = sample["target_prefix_len"].tolist()
+    out = [None] * len(plen)
+    for n in sorted(set(plen)):
+        rows = [r for r, p in enumerate(plen) if p == n]
+        sub = _select_rows(sample, rows)
+        saved = (generator.max_len_b, generator.min_len)
+        generator.max_len_b, generator.min_len = saved[0] + n, saved[1] + n
+        try:
+            hypos = TranslationTask.inference_step(
+                task, generator, models, sub, sub["target_prefix"][:, :n] if n else None)
+        finally:
+            generator.max_len_b, generator.min_len = saved
+        for r, h in zip(rows, strip_prefix(hypos, [n] * len(rows), generator.len_penalty,
+                                           generator.normalize_scores)):
+            out[r] = h
+    return out
+
+
+@pytest.mark.parametrize("options", [["--beam", "2"],
+                                     ["--beam", "3", "--max-len-b", "3", "--min-len", "2"],
+                                     ["--beam", "4", "--max-len-b", "2", "--nbest", "4"]])
+def test_one_generator_call_per_batch_equals_one_per_prefix_length(concat_ckpt, toy_bin,
+                                                                    options):
+    """The batch's rows of every prefix length in one call (ForcedPrefixes):
+    the same hypotheses (every one of the beam: tokens, scores, positional
+    scores) as one call per prefix length; the length limits bind in the
+    second and third settings."""
+    from fairseq import checkpoint_utils, options as fairseq_options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_cli_utils import USER_DIR
+
+    args = fairseq_options.parse_args_and_arch(fairseq_options.get_generation_parser(), [
+        "--user-dir", USER_DIR, toy_bin, "--path", concat_ckpt, *CONCAT22,
+        "--gold-target-context", "--gen-subset", "test", *options])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    models, saved = checkpoint_utils.load_model_ensemble([concat_ckpt], task=task)
+    for m in models:
+        m.double().eval()  # batch composition changes float32 sums in the last bit
+    task.load_dataset("test", task_cfg=saved.task)
+    gen = task.build_generator(models, cfg.generation)
+    calls = []
+    real = gen.generate
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    gen.generate = counted
+    itr = task.get_batch_iterator(task.dataset("test"), max_tokens=600, max_positions=(
+        utils.resolve_max_positions(task.max_positions(), *[m.max_positions() for m in models])
+    )).next_epoch_itr(shuffle=False)
+    lengths = rows = 0
+    with torch.no_grad():
+        for sample in itr:
+            calls.clear()
+            ours = task.inference_step(gen, models, sample)
+            assert len(calls) == 1
+            ref = _per_length_reference(task, gen, models, sample)
+            lengths = max(lengths, len(set(sample["target_prefix_len"].tolist())))
+            for a, b in zip(ours, ref):
+                assert len(a) == len(b)
+                for x, y in zip(a, b):
+                    assert torch.equal(x["tokens"], y["tokens"])
+                    assert float(x["score"]) == pytest.approx(float(y["score"]), abs=1e-9)
+                    assert torch.allclose(x["positional_scores"], y["positional_scores"],
+                                          atol=1e-9)
+                    rows += 1
+    assert lengths >= 4 and rows >= 48  # a batch of 4 prefix lengths or more
+
+
 def test_contrastive_scores_the_current_sentence_only(concat_ckpt, toy_bin, toy_corpus):
     """The score is the current sentence's log-probability given the context
     (prefix tokens excluded): computed here from a training batch."""
@@ -331,27 +412,45 @@ def test_own_target_context_refuses_ablation(concat_ckpt, toy_bin):
 # --------------------------------------------------------------------------- own target context at scale
 
 
+class _StubEnsemble:
+    def forward_decoder(self, *args, **kwargs):
+        raise AssertionError("the stub generator does not decode")
+
+    def reorder_incremental_state(self, *args, **kwargs):
+        pass
+
+
 class _StubGenerator:
     """Stands in for fairseq's generator: row ``r`` (sentence ``i``) gets its
-    forced prefix, then 1-7 words drawn for ``i``, then ``</s>``; records the
-    target context each sentence was given."""
+    forced prefix (concatenation: the batch's ``target_prefix``, which the
+    task forces through the generator's model), then 1-7 words drawn for
+    ``i``, then ``</s>``; records the target context each sentence was
+    given."""
+
+    beam_size, max_len_a, max_len_b, max_len, min_len = 1, 0, 200, 1024, 1
+    token_indices_to_suppress = None
 
     def __init__(self, d):
         self.d = d
+        self.eos = d.eos()
+        self.model = _StubEnsemble()
         self.given = {}
 
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **kw):
+        assert prefix_tokens is None
         out = []
         ni = sample["net_input"]
         for r, i in enumerate(sample["id"].tolist()):
-            if prefix_tokens is not None:
-                self.given[i] = prefix_tokens[r]
+            forced = None
+            if "target_prefix_len" in sample:
+                forced = sample["target_prefix"][r, :int(sample["target_prefix_len"][r])]
+                self.given[i] = forced
             elif "tgt_ctx_tokens" in ni:
                 row = ni["tgt_ctx_tokens"][r]
                 self.given[i] = row[row.ne(self.d.pad())]
             g = torch.Generator().manual_seed(i)
             words = torch.randint(self.d.nspecial, len(self.d), (1 + i % 7,), generator=g)
-            parts = [prefix_tokens[r]] if prefix_tokens is not None else []
+            parts = [forced] if forced is not None else []
             t = torch.cat(parts + [words, torch.tensor([self.d.eos()])])
             out.append([{"tokens": t, "score": torch.tensor(-1.0), "attention": None,
                          "positional_scores": torch.full((len(t),), -0.5), "alignment": None}])
@@ -410,7 +509,7 @@ def test_own_target_context_is_each_sentences_context_from_the_translations(conc
     cut = 0
     for i in range(150):
         want = ref[i]["target_prefix"] if concat else ref[i]["tgt_ctx"]
-        given = gen.given.get(i, torch.empty(0, dtype=torch.long))  # (no prefix: not forced)
+        given = gen.given[i]
         assert torch.equal(given, want), i
         cut += (ref.inner if concat else ref).partial["tgt"][i] != 0
     assert ds.truncation == (ref.inner if concat else ref).truncation

@@ -28,14 +28,20 @@ CASES = {
 }
 
 
-def _task_and_model(toy_bin, arch, task_args, model=None):
+def _model_args(arch, sentence_ckpt):
+    """Whole-document models take their (frozen) memory from a stage-1
+    sentence-level model by default."""
+    return ["--init-from-sentence-checkpoint", sentence_ckpt] if "selective" in arch else []
+
+
+def _task_and_model(toy_bin, arch, task_args, model=None, init=()):
     from fairseq import options, tasks
 
     import ctx_fairseq  # noqa: F401
 
     args = options.parse_args_and_arch(options.get_training_parser(), [
         toy_bin, "--arch", arch, *TINY_MODEL_ARGS, "--share-all-embeddings", "--dropout", "0",
-        *task_args])
+        *task_args, *init])
     task = tasks.setup_task(args)
     if model is None:
         torch.manual_seed(0)
@@ -76,14 +82,14 @@ def _cpu(x):
     return x.cpu() if torch.is_tensor(x) else x
 
 
-def _translate(toy_bin, arch, task_args, gen_args, other, model=None):
+def _translate(toy_bin, arch, task_args, gen_args, other, model=None, init=()):
     """``{id: (tokens, score)}`` of the best hypotheses, the model and the
     batches on ``OTHER`` (``other``) or on the CPU. The models are in float64:
     composite ops (attention) choose their kernels by the device they are
     given, so the simulated device computes with other kernels than the CPU,
     ~1e-6 apart in float32, enough to flip the near-ties of an untrained
     model's beam search; in float64 the translations must be identical."""
-    task, model = _task_and_model(toy_bin, arch, task_args, model)
+    task, model = _task_and_model(toy_bin, arch, task_args, model, init)
     batches = _batches(task, model)
     if other:
         model = _on_other(model)
@@ -106,10 +112,11 @@ def _translate(toy_bin, arch, task_args, gen_args, other, model=None):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_own_target_context_batches_stay_on_the_device(toy_bin, case):
+def test_own_target_context_batches_stay_on_the_device(toy_bin, sentence_ckpt, case):
     arch, task_args = CASES[case]
     gen = ["--beam", "2", "--max-len-b", "4"]
-    on_cpu, model, _ = _translate(toy_bin, arch, task_args, gen, other=False)
+    on_cpu, model, _ = _translate(toy_bin, arch, task_args, gen, other=False,
+                                  init=_model_args(arch, sentence_ckpt))
     on_other, _, calls = _translate(toy_bin, arch, task_args, gen, other=True, model=model)
     assert calls and sorted(on_other) == sorted(on_cpu) and len(on_cpu) == 48
     for i in on_cpu:
@@ -117,12 +124,13 @@ def test_own_target_context_batches_stay_on_the_device(toy_bin, case):
         assert on_other[i][1] == pytest.approx(on_cpu[i][1], abs=1e-5), i
 
 
-def test_score_reference_with_own_target_context_stays_on_the_device(toy_bin):
+def test_score_reference_with_own_target_context_stays_on_the_device(toy_bin, sentence_ckpt):
     """fairseq's scorer reads ``target``: a re-collated batch must carry it on
     the device too."""
     arch, task_args = CASES["selective_dec"]
     gen = ["--score-reference"]
-    on_cpu, model, _ = _translate(toy_bin, arch, task_args, gen, other=False)
+    on_cpu, model, _ = _translate(toy_bin, arch, task_args, gen, other=False,
+                                  init=_model_args(arch, sentence_ckpt))
     on_other, _, calls = _translate(toy_bin, arch, task_args, gen, other=True, model=model)
     assert calls and on_other.keys() == on_cpu.keys()
     for i in on_cpu:
@@ -132,6 +140,7 @@ def test_score_reference_with_own_target_context_stays_on_the_device(toy_bin):
 
 @pytest.mark.parametrize("target_context", [0, 1])
 def test_interactive_batches_of_several_sentences_stay_on_the_device(toy_bin, toy_corpus,
+                                                                      sentence_ckpt,
                                                                       target_context):
     """fairseq-interactive hands the task a batch of source tokens only (on
     the GPU); the task restores its context inputs and ``id`` (two or more
@@ -154,7 +163,7 @@ def test_interactive_batches_of_several_sentences_stay_on_the_device(toy_bin, to
 
         args = options.parse_args_and_arch(options.get_training_parser(), [
             toy_bin, "--arch", arch, *TINY_MODEL_ARGS, "--share-all-embeddings", "--dropout",
-            "0", *task_args])
+            "0", *task_args, *_model_args(arch, sentence_ckpt)])
         task = tasks.setup_task(args)
         if model is None:
             torch.manual_seed(0)

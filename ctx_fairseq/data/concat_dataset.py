@@ -246,8 +246,10 @@ def strip_prefix(hypos: List[List[dict]], prefix_len: List[int], len_penalty: fl
     count the concatenated source, as the printed ``S-`` line); the score
     recomputed over those tokens (length-normalised as the generator does)
     and each row re-sorted by it. The beam search itself ranked whole
-    sequences, prefix included (see docs/concatenation.md)."""
-    out = []
+    sequences, prefix included (see docs/concatenation.md). The new scores are
+    summed on the hypotheses' device and read back once for the batch (not
+    once per hypothesis)."""
+    out, stripped = [], []
     for row, p in zip(hypos, prefix_len):
         new_row = []
         for h in row:
@@ -259,13 +261,21 @@ def strip_prefix(hypos: List[List[dict]], prefix_len: List[int], len_penalty: fl
                 if torch.is_tensor(att) and att.dim() == 2:
                     h["attention"] = att[:, p:]
                 h["alignment"] = _shift_alignment(h.get("alignment"), p)
-                n = max(1, int(h["tokens"].numel()))
-                total = float(h["positional_scores"].sum())
-                h["score"] = torch.tensor(total / (n ** len_penalty) if normalize else total)
+                stripped.append(h)
             new_row.append(h)
-        if p > 0:
-            new_row.sort(key=lambda h: -float(h["score"]))
         out.append(new_row)
+    if not stripped:
+        return out
+    totals = torch.stack([h["positional_scores"].sum() for h in stripped]).tolist()
+    key = {}  # the score as the float32 tensor holds it (what the rows are sorted by)
+    for h, total in zip(stripped, totals):
+        n = max(1, int(h["tokens"].numel()))
+        score = total / (n ** len_penalty) if normalize else total
+        h["score"] = torch.tensor(score)
+        key[id(h)] = float(np.float32(score))
+    for row, p in zip(out, prefix_len):
+        if p > 0:
+            row.sort(key=lambda h: -key[id(h)])
     return out
 
 

@@ -81,6 +81,7 @@ is built for a new run only; when fairseq will restore a checkpoint
 
 import inspect
 import logging
+import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -255,6 +256,125 @@ def _best_tokens_on_cpu(hypos: List[List[dict]]) -> List[torch.Tensor]:
     lengths = [int(t.numel()) for t in best]
     flat = torch.cat(best).cpu()
     return list(torch.split(flat, lengths))
+
+
+class ForcedPrefixes:
+    """``--concat-context`` generation: every row's target context forced as
+    the start of its hypotheses, in one call of fairseq's
+    ``SequenceGenerator`` for the whole batch, rows of different prefix
+    lengths together.
+
+    fairseq forces a (padded) ``prefix_tokens`` but applies ``--min-len``, its
+    ``tokens_to_suppress`` (the break symbol) and the length limit to the
+    whole batch at once: suppression and ``--min-len`` only once every row has
+    left its prefix, one ``max_len`` for all rows. So the task used to call
+    the generator once per distinct prefix length. Here, for the duration of
+    one call (a context manager), the generator's ``EnsembleModel`` applies
+    per row, after the models' log-probabilities of each step (static shapes,
+    no read back to the host):
+
+    * row ``r`` with prefix ``p_r`` of ``n_r`` tokens, step ``t < n_r``: every
+      token but ``p_r[t]`` gets ``-inf`` (its own log-probability kept, as
+      fairseq's ``_prefix_tokens`` does; beam search then keeps one live beam
+      through the prefix, as there);
+    * ``t >= n_r``: the generator's suppressed tokens get ``-inf``, and
+      ``</s>`` while ``t < n_r + min_len``;
+    * ``t >= max_len_r = min(int(max_len_a * src_len + max_len_b) + n_r,
+      max_len - 1)``: only ``</s>``;
+
+    which is what a call for the rows of one prefix length did (``max_len_b``
+    and ``min_len`` raised by ``n_r``), while the generator's own limits are
+    set to the loosest (``max_len_b`` + the longest prefix; no suppression;
+    its ``min_len`` unchanged, below every row's). Each row's beam search is
+    independent of the others', so the hypotheses are those of the calls per
+    length. The row of each hypothesis is followed through the generator's
+    reorders (``reorder_incremental_state``, called with the new order of the
+    rows at every step, finished sentences removed).
+
+    ``--match-source-len`` (the limit from the concatenated source, per
+    call) is refused; so is a prefix that leaves a row no step for its
+    translation (``max_len_r <= n_r``)."""
+
+    def __init__(self, generator, sample, plen: List[int]):
+        self.gen = generator
+        self.model = getattr(generator, "model", None)
+        if self.model is None or not hasattr(self.model, "forward_decoder"):
+            raise ValueError(f"--concat-context: generation needs fairseq's SequenceGenerator "
+                             f"(its EnsembleModel); got {type(generator).__name__}")
+        if getattr(generator, "match_source_len", False):
+            raise ValueError("--match-source-len is not supported with --concat-context")
+        src = sample["net_input"]["src_tokens"]
+        device = src.device
+        self.eos = generator.eos
+        self.beam = generator.beam_size
+        longest = max(plen)
+        base = int(generator.max_len_a * src.size(1) + generator.max_len_b)
+        limit = generator.max_len - 1
+        short = [n for n in plen if min(base + n, limit) <= n]
+        if short:
+            raise RuntimeError(
+                f"--concat-context: a {short[0]}-token target context leaves no step for the "
+                f"translation (the model's maximum target positions, {generator.max_len}, or "
+                "--max-len-a/--max-len-b are too small)")
+        prefix = sample["target_prefix"]
+        self.prefix = prefix[:, :longest].to(device)
+        self.plen = sample["target_prefix_len"].to(device)
+        self.max_len = (self.plen + base).clamp(max=limit)
+        self.min_len = self.plen + generator.min_len
+        sup = getattr(generator, "token_indices_to_suppress", None)
+        self.suppress = sup.to(device) if sup is not None else None
+        self.rows = torch.arange(len(plen), device=device).repeat_interleave(self.beam)
+        self.longest = longest
+        self.not_eos = None
+
+    def __enter__(self):
+        g = self.gen
+        self.saved = {"max_len_b": g.max_len_b,
+                      "token_indices_to_suppress": g.token_indices_to_suppress}
+        g.max_len_b = g.max_len_b + self.longest
+        g.token_indices_to_suppress = None
+        # wrap the methods the model has now (an instance's own, e.g. a profiler's, kept)
+        names = ("forward_decoder", "reorder_incremental_state")
+        self.own = {k: self.model.__dict__[k] for k in names if k in self.model.__dict__}
+        self.inner = {k: getattr(self.model, k) for k in names}
+        for k in names:
+            setattr(self.model, k, getattr(self, k))
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(self.gen, k, v)
+        for k in self.inner:
+            self.model.__dict__.pop(k, None)
+            if k in self.own:
+                setattr(self.model, k, self.own[k])
+        return False
+
+    def reorder_incremental_state(self, incremental_states, new_order):
+        self.rows = self.rows.index_select(0, new_order)
+        return self.inner["reorder_incremental_state"](incremental_states, new_order)
+
+    def forward_decoder(self, tokens, *args, **kwargs):
+        lprobs, attn = self.inner["forward_decoder"](tokens, *args, **kwargs)
+        step = tokens.size(1) - 1
+        rows = self.rows
+        n = self.plen.index_select(0, rows)
+        max_len = self.max_len.index_select(0, rows)
+        if step < self.longest:
+            tok = self.prefix[:, step].index_select(0, rows).unsqueeze(1)
+            forced = torch.full_like(lprobs, -math.inf).scatter_(1, tok, lprobs.gather(1, tok))
+            in_prefix = (n > step) & (max_len > step)
+            lprobs = torch.where(in_prefix.unsqueeze(1), forced, lprobs)
+        after = n <= step
+        if self.suppress is not None:
+            lprobs[:, self.suppress] = lprobs[:, self.suppress].masked_fill(
+                after.unsqueeze(1), -math.inf)
+        no_eos = after & (self.min_len.index_select(0, rows) > step)
+        lprobs[:, self.eos] = lprobs[:, self.eos].masked_fill(no_eos, -math.inf)
+        if self.not_eos is None:
+            self.not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
+            self.not_eos[self.eos] = False
+        return lprobs.masked_fill((max_len <= step).unsqueeze(1) & self.not_eos, -math.inf), attn
 
 
 class InteractiveDocumentView(FairseqDataset):
@@ -677,48 +797,32 @@ class DocumentTranslationTask(TranslationTask):
 
     def _concat_step(self, generator, models, sample, prefix_tokens, constraints):
         """Concatenation: the target context (with its breaks) is forced as
-        the decoder's prefix and removed from the hypotheses."""
+        the decoder's prefix and removed from the hypotheses; the whole batch
+        in one call of the generator, whatever the rows' prefix lengths
+        (:class:`ForcedPrefixes`)."""
         if "target_prefix_len" not in sample:
             raise ValueError("--concat-context: a batch without its concatenated context reached "
                              "the model; build batches with the task's dataset")
-        plen = sample["target_prefix_len"].tolist()
         if prefix_tokens is not None:
             raise ValueError("--prefix-size is not supported with --concat-context (the target "
                              "context is the prefix)")
+        if "target_prefix" not in sample:
+            raise ValueError("--concat-context: generation needs the target context as a prefix "
+                             "(target_prefix: the generation split's dataset)")
+        plen = sample["target_prefix_len"].tolist()  # one read per batch
         if max(plen, default=0) == 0:
             return super().inference_step(generator, models, sample, None, constraints)
-        # rows grouped by prefix length: the generator suppresses the break symbol
-        # only at steps where no row is still in its prefix, so every row of a call
-        # leaves its prefix at the same step and never generates a break after it
-        out: List = [None] * len(plen)
-        for n in sorted(set(plen)):
-            rows = [r for r, p in enumerate(plen) if p == n]
-            sub = _select_rows(sample, rows)
-            prefix = sub["target_prefix"][:, :n].to(sub["net_input"]["src_tokens"].device) \
-                if n else None
-            # the length limit (--max-len-a/b) is for the translation, after the prefix
-            saved = {k: getattr(generator, k) for k in ("max_len_b", "min_len")
-                     if hasattr(generator, k)}
-            for k, v in saved.items():  # --max-len-b and --min-len after the prefix
-                setattr(generator, k, v + n)
-            try:
-                hypos = super().inference_step(generator, models, sub, prefix,
-                                               None if constraints is None else constraints[rows])
-            finally:
-                for k, v in saved.items():
-                    setattr(generator, k, v)
-            for row in hypos:
-                for h in row:
-                    if h["tokens"].numel() <= n:
-                        raise RuntimeError(
-                            f"--concat-context: a hypothesis ended inside its {n}-token target "
-                            "context (the model's maximum target positions are too few for the "
-                            "context and the translation)")
-            hypos = strip_prefix(hypos, [n] * len(rows), getattr(generator, "len_penalty", 1.0),
-                                 getattr(generator, "normalize_scores", True))
-            for r, h in zip(rows, hypos):
-                out[r] = h
-        return out
+        with ForcedPrefixes(generator, sample, plen):
+            hypos = super().inference_step(generator, models, sample, None, constraints)
+        for n, row in zip(plen, hypos):
+            for h in row:
+                if h["tokens"].numel() <= n:
+                    raise RuntimeError(
+                        f"--concat-context: a hypothesis ended inside its {n}-token target "
+                        "context (the model's maximum target positions are too few for the "
+                        "context and the translation)")
+        return strip_prefix(hypos, plen, getattr(generator, "len_penalty", 1.0),
+                            getattr(generator, "normalize_scores", True))
 
     def _own_target_context_step(self, generator, models, sample, prefix_tokens, constraints):
         """``--own-target-context``: the batch's sentences are translated
