@@ -293,3 +293,40 @@ def test_tiny_concat_model_with_target_context_equals_fairseq_generate(toy_bin, 
     res, _, mine = ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=2, max_len_b=10,
                                gold_target_context=True)
     assert mine == from_file and res["overall"]["n"] == len(mine)
+
+
+def test_translation_on_another_device(context_ckpt, toy_bin, toy_corpus):
+    """The model on another device (simulated on the CPU, tests/other_device.py):
+    every batch reaches fairseq's generator whole on that device, and the
+    translations are the CPU's (float64, so that other kernels cannot flip
+    near-ties of the beam search)."""
+    import copy
+
+    import torch
+
+    from ctx_fairseq.eval.contrastive import ContrastiveScorer, load_checkpoint
+    from ctx_fairseq.eval.text_units import TextEncoder
+    from other_device import OTHER, OtherDeviceMode, checked_generator
+
+    model, task, _cfg = load_checkpoint(context_ckpt[0], toy_bin)
+    model = model.double()
+    suite = read_suite("toy", os.path.join(toy_corpus, "test.contrastive.jsonl"))
+
+    def scorer(m):
+        src, tgt = TextEncoder(task.source_dictionary), TextEncoder(task.target_dictionary,
+                                                                    side="target")
+        return ContrastiveScorer(m, task, src, tgt, max_tokens=500)
+
+    here = ga.translate_suite(scorer(model), suite, beam=2, max_len_b=20)
+    calls = []
+    build = task.build_generator
+    task.build_generator = lambda *a, **k: checked_generator(build(*a, **k), calls)
+    try:
+        with OtherDeviceMode():
+            there_model = copy.deepcopy(model).to(OTHER)
+            there = ga.translate_suite(scorer(there_model), suite, beam=2, max_len_b=20)
+    finally:
+        del task.build_generator
+    assert calls and sum(len(c) for c in calls) == len(suite.examples)
+    assert there == here
+    assert isinstance(there[0], str) and not torch.is_tensor(there[0])

@@ -343,6 +343,8 @@ def translate_suite(scorer: ContrastiveScorer, suite: Suite, beam: int = 5,
     """Each example's source translated by beam search in the context of its
     correct candidate, over the scorer's datasets (module docstring); the
     translations are in the model's units with BPE removed."""
+    from fairseq import utils
+
     task, model = scorer.task, scorer.model
     scorer.check_context(suite)
     generator = task.build_generator([model], _generation_args(beam, max_len_a, max_len_b,
@@ -359,10 +361,10 @@ def translate_suite(scorer: ContrastiveScorer, suite: Suite, beam: int = 5,
             continue
         for b in scorer._batches(ds, np.array(sorted(wanted), dtype=np.int64)):
             sample = ds.collater([ds[int(i)] for i in b])
-            sample["net_input"] = {k: (v.to(device) if torch.is_tensor(v) else v)
-                                   for k, v in sample["net_input"].items()}
+            ids = sample["id"].tolist()  # the collater's order, read on the host
+            # the whole batch on the model's device, as fairseq-generate moves it
+            sample = utils.apply_to_sample(lambda t: t.to(device), sample)
             hypos = task.inference_step(generator, [model], sample)
-            ids = sample["id"].tolist()  # the collater's, on the host
             for row, toks in zip(ids, _best_tokens_on_cpu(hypos)):  # one copy per batch
                 text = tgt_dict.string(toks)
                 for scheme in lines_with_bpe([text]):
