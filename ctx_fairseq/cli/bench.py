@@ -11,7 +11,9 @@ runs first):
   batch of ``--max-tokens`` target tokens;
 * **inference throughput**: sentences per second of beam search through
   fairseq's ``SequenceGenerator``; every hypothesis is forced to exactly
-  ``--tgt-len`` tokens (``min_len = max_len``) so all models do equal work;
+  ``--tgt-len`` tokens (``min_len = max_len``) so all models do equal work
+  (concatenation: after its target context, forced as the task forces it at
+  generation, ``ForcedPrefixes`` of ``document_translation``);
 * **peak memory** of a training step, each model's own: the bytes of its
   parameters, gradients and optimizer state plus the peak of the tensor memory
   allocated during one step above what was allocated when the step began
@@ -52,6 +54,7 @@ options.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -352,7 +355,8 @@ class Bench:
         ni = entry["sample"]["net_input"]
         n = min(a.infer_sentences, ni["src_tokens"].size(0))
         # concatenation (target context in the target): the context is forced as the
-        # decoder's prefix, as the task does at generation, then tgt_len tokens follow
+        # decoder's prefix as the task does at generation (ForcedPrefixes, one call for
+        # the batch), then tgt_len tokens follow
         prefix = None
         if "target_prefix_len" in entry["sample"]:
             plen = entry["sample"]["target_prefix_len"][:n]
@@ -362,14 +366,24 @@ class Bench:
                 cols = torch.arange(width, device=tgt.device).unsqueeze(0)
                 tgt[cols >= plen.to(tgt.device).unsqueeze(1)] = entry["task"].target_dictionary.pad()
                 prefix = tgt
-        extra = 0 if prefix is None else prefix.size(1)
         gen = entry.get("generator")
         if gen is None:
             gen = entry["generator"] = SequenceGenerator(
                 [model], entry["task"].target_dictionary, beam_size=a.beam,
-                max_len_a=0, max_len_b=a.tgt_len + extra, min_len=a.tgt_len + extra,
+                max_len_a=0, max_len_b=a.tgt_len, min_len=a.tgt_len,
             )
         sample = {"net_input": {"src_tokens": ni["src_tokens"][:n], "src_lengths": ni["src_lengths"][:n]}}
+        if prefix is not None:
+            sample.update(target_prefix=prefix, target_prefix_len=plen,
+                          id=torch.arange(n, device=prefix.device))
+
+        def forced():
+            if prefix is None:
+                return contextlib.nullcontext()
+            from ctx_fairseq.tasks.document_translation import ForcedPrefixes
+
+            return ForcedPrefixes(gen, sample, sample["target_prefix_len"].tolist())
+
         memory = "mem_src_tokens" in ni
         for k, v in ni.items():  # document models may carry context inputs
             if k in ("src_tokens", "src_lengths", "prev_output_tokens"):
@@ -380,14 +394,14 @@ class Bench:
         if count_flops:
             from ctx_fairseq.flops import FlopCounter
 
-            with FlopCounter() as counter, self._autocast():
-                gen.generate([model], sample, prefix_tokens=prefix)
+            with FlopCounter() as counter, self._autocast(), forced():
+                gen.generate([model], sample)
             entry.setdefault("uncounted_ops", set()).update(counter.uncounted)
             return float(counter.total) / n  # per sentence
         self._sync()
         start = time.perf_counter()
-        with self._autocast():
-            gen.generate([model], sample, prefix_tokens=prefix)
+        with self._autocast(), forced():
+            gen.generate([model], sample)
         self._sync()
         return n / (time.perf_counter() - start)
 
