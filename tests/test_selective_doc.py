@@ -60,12 +60,17 @@ class _Task:
 
 
 def build(extra=(), integration="encoder", mode="online", double=True, left_pad_source=True,
-          arch=ARCH, cache="default"):
+          arch=ARCH, cache="default", memory="shared"):
     """A tiny model (2+2 layers, d=32) built as fairseq builds it, dropout off,
-    non-trivial biases / LayerNorm parameters. ``cache`` (frozen memory): the
+    non-trivial biases / LayerNorm parameters. ``memory``: ``--context-memory``
+    unless ``extra`` gives it (the tests' default: ``shared``, which needs no
+    stage-1 model; the architecture's default is ``frozen``, the paper's).
+    ``cache`` (frozen memory): the
     model's default (the model's precision on the CPU), ``"full"`` (the same)
     or ``None`` (no cache)."""
     target_context = 1 if integration == "decoder" else 0
+    if memory is not None and "--context-memory" not in extra:
+        extra = ["--context-memory", memory, *extra]
     model, d = build_tiny_model(
         arch, ["--context-integration", integration, *extra], vocab=VOCAB,
         task=lambda d: _Task(d, mode, target_context, left_pad_source),
@@ -156,6 +161,11 @@ def count_calls(monkeypatch, cls, name="memory_states"):
 
 DOC = ["--task", "document_translation", "--document-memory", "--share-all-embeddings"]
 
+#: the CLI runs train from scratch (no stage-1 checkpoint): a shared memory,
+#: labelled (the frozen memory of the paper is trained from a stage-1 checkpoint
+#: in test_cli_frozen_memory_precomputed)
+SHARED = ["--context-memory", "shared"]
+
 CLI_CONFIGS = {
     # name: (integration, online|offline, model options)
     "enc-online-sparse-soft": ("encoder", "online", ["--word-attn", "softmax"]),
@@ -191,7 +201,7 @@ def cli_run(toy_bin, tmp_path_factory):
             out = train_and_generate(
                 toy_bin, save, ARCH, max_update=2,
                 extra=[*_doc_args(mode, integration), "--share-all-embeddings",
-                       "--context-integration", integration, *opts],
+                       "--context-integration", integration, *SHARED, *opts],
                 gen_extra=_doc_args(mode, integration, generation=True))
             runs[name] = (os.path.join(save, "checkpoint_last.pt"), out)
         return runs[name]
@@ -651,7 +661,7 @@ def test_shared_memory_reuses_the_query_encodings(left_pad_source, monkeypatch):
 def test_init_from_sentence_checkpoint_and_freeze(toy_bin, sentence_ckpt):
     theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
     task, cfg = setup_task(toy_bin, "--document-context", "online", "--document-memory",
-                           "--init-from-sentence-checkpoint", sentence_ckpt)
+                           "--init-from-sentence-checkpoint", sentence_ckpt, *SHARED)
     model = task.build_model(cfg.model)
     shared, fresh = loaded_and_fresh(model, theirs)
     assert "encoder.layers.1.fc1.weight" in shared
@@ -961,7 +971,7 @@ def test_memory_cache_option():
 def test_memory_precomputed_needs_a_frozen_memory(toy_bin, sentence_ckpt):
     with pytest.raises(ValueError, match="--memory-precomputed.*needs --context-memory frozen"):
         task, cfg = setup_task(toy_bin, "--document-context", "online", "--document-memory",
-                               "--memory-precomputed")
+                               "--memory-precomputed", *SHARED)
         task.build_model(cfg.model)
     task, cfg = setup_task(toy_bin, "--document-context", "online", "--document-memory",
                            "--memory-precomputed", *FROZEN, "--init-from-sentence-checkpoint",

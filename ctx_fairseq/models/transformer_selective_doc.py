@@ -753,15 +753,13 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
             args += ["--target-context-size", "1"]
         return args
 
-    #: ctx-demo trains with the sentence-distance bias (beyond the paper): the toy
-    #: corpus's antecedent is the *most recent* entity, which content-only sentence
-    #: keys cannot tell from earlier ones (about 80% pronoun accuracy without it)
-    DEMO_SENTENCE_DISTANCE = 10
-
     @classmethod
     def demo_train_args(cls, arch: str) -> List[str]:
-        return cls.demo_task_args(arch) + ["--doc-sentence-distance",
-                                           str(cls.DEMO_SENTENCE_DISTANCE)]
+        """The paper's model: no sentence-distance bias (``--doc-sentence-distance``
+        is beyond the paper; on the toy corpus, whose antecedent is the most
+        recent entity, it raises pronoun accuracy from about 80%: see
+        examples/selective_attention/README.md)."""
+        return cls.demo_task_args(arch)
 
     @classmethod
     def demo_generate_args(cls, arch: str) -> List[str]:
