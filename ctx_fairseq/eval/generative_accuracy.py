@@ -19,10 +19,11 @@ candidate has and the contrastive ones do not?
   ``--path``). Each ``S-`` line must end with the example's source words: a
   file of another split or suite is an error.
 
-Distinguishing words (Müller et al. 2018 and Bawden et al. 2018 judge a
-translation by the pronoun it uses; Voita et al. 2019 and Lopes et al. 2020
-score candidates that differ in a few words; here the difference is read off
-the candidates themselves, for every format alike)
+Distinguishing words (the suites' candidates differ in a few words: the
+pronoun of ContraPro (Müller et al. 2018) and Bawden et al. 2018, the
+deictic, elided or repeated word of Voita et al. 2019, Lopes et al. 2020's
+pronouns and lexical choices; here the difference is read off the candidates
+themselves, for every format alike)
     A text's *words* are its maximal runs of letters and digits (Unicode
     ``[^\\W_]+``) after HTML entities are unescaped (``&apos;`` of the Moses
     tokenizer), BPE markers removed (subword-nmt ``@@``, SentencePiece
