@@ -1,0 +1,152 @@
+"""results.json / results.md of the TVsub recipe (recipes/tvsub_zh_en/run.sh).
+
+    python report.py json|md WORK MODE MODEL...
+
+Per model (``sentence`` is the stage-1 transformer): BLEU with every
+reference and with the first (sentence level) and document-level BLEU
+(``WORK/results/M/bleu.json``, ``prep_tvsub score``; ``doc_bleu.json``,
+``ctx-doc-bleu`` against the first reference), the context's contribution
+(``WORK/results/M/cxmi/cxmi.json``: CXMI = mean per-token log-probability
+with the true context minus with shuffled context; ``-`` for sentence-level
+models, ``refused`` for document-memory models, which ``ctx-cxmi`` does not
+measure), training speed (mean of fairseq's ``wps``: target tokens per
+second), peak resident memory of ``fairseq-train`` (GNU time, KB; the host
+process: on a GPU the device memory is not in it) and the exact training
+options (``checkpoints/M/train.args``). A model without results yet is listed
+as such (nothing is made up).
+"""
+
+import json
+import os
+import re
+import statistics
+import sys
+
+ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (continued)",
+        "concat": "transformer_concat (2-to-2)", "context_aware": "transformer_context_aware",
+        "zhang2018": "transformer_doc_zhang2018 (encoder)", "han": "transformer_han (joint)",
+        "selective": "transformer_selective_doc (encoder, online, H-attention)",
+        "dc": "transformer_dc (from scratch)", "hybrid": "transformer_hybrid (from scratch)"}
+SENTENCE_LEVEL = {"sentence", "transformer", "dc", "hybrid"}
+
+
+def _load(path):
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _train_stats(work, name):
+    log = os.path.join(work, "logs", f"train-{name}.log")
+    wps, updates = [], None
+    if os.path.exists(log):
+        for line in open(log, encoding="utf-8", errors="replace"):
+            if re.search(r"\| (train_inner|train) \|", line):
+                m = re.search(r"\bwps[= ](\d+(?:\.\d+)?)", line)
+                if m:
+                    wps.append(float(m.group(1)))
+                m = re.search(r"\bnum_updates[= ](\d+)", line)
+                if m:
+                    updates = int(m.group(1))
+    peak = None
+    kb = os.path.join(work, "logs", f"peak-{name}.kb")
+    if os.path.exists(kb):
+        vals = [int(x) for x in open(kb).read().split() if x.isdigit()]
+        peak = vals[-1] if vals else None
+    args = os.path.join(work, "checkpoints", name, "train.args")
+    options = None
+    if os.path.exists(args):
+        options = " ".join(line[4:] for line in open(args, encoding="utf-8").read().splitlines()
+                           if line.startswith("arg="))
+    return {"train_wps_mean": round(statistics.mean(wps), 1) if wps else None,
+            "updates": updates, "peak_rss_kb": peak, "train_options": options}
+
+
+def collect(work, mode, models):
+    prep = _load(os.path.join(work, "docs", "prep.json")) or {}
+    out = {"mode": mode, "eval_split": prep.get("eval_split"),
+           "test": {k: prep.get("test", {}).get(k) for k in ("sentences", "references", "sysids",
+                                                             "documents")},
+           "train": prep.get("train"), "models": {}}
+    for m in models:
+        d = os.path.join(work, "results", m)
+        bleu, doc = _load(os.path.join(d, "bleu.json")), _load(os.path.join(d, "doc_bleu.json"))
+        cx = _load(os.path.join(d, "cxmi", "cxmi.json"))
+        row = {"architecture": ARCH.get(m, m)}
+        if bleu:
+            row["bleu_all_refs"] = bleu["sentence_level"]["all_references"]["bleu"]
+            row["bleu_first_ref"] = bleu["sentence_level"]["first_reference"]["bleu"]
+            row["d_bleu_all_refs"] = bleu["document_level"]["all_references"]["bleu"]
+            row["signature"] = bleu["sentence_level"]["all_references"]["signature"]
+        if doc:
+            row["d_bleu_first_ref"] = doc["document_level"]["bleu"]
+            row["d_bleu_signature"] = doc["document_level"]["signature"]
+        if m in SENTENCE_LEVEL:
+            row["cxmi_shuffled"] = "no context"
+        elif m == "selective":
+            row["cxmi_shuffled"] = "refused (document memory: ctx-cxmi does not measure it)"
+        elif cx:
+            row["cxmi_shuffled"] = round(cx["shuffled"]["cxmi"], 5)
+            row["logprob_true_per_token"] = round(cx["logprob_true_per_token"], 5)
+            row["logprob_shuffled_per_token"] = round(cx["shuffled"]["logprob_per_token"], 5)
+        else:
+            row["cxmi_shuffled"] = None
+        row.update(_train_stats(work, m))
+        out["models"][m] = row
+    return out
+
+
+def _fmt(v, nd=2):
+    if v is None:
+        return "not yet"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def markdown(res):
+    t = res["test"]
+    lines = [f"# TVsub zh-en results ({res['mode']} mode"
+             + (": tiny models, meaningless numbers" if res["mode"] == "smoke" else "") + ")", "",
+             f"Evaluated on the **{res['eval_split']}** set: {t['sentences']} sentences, "
+             f"{t['references']} reference(s) ({', '.join(t['sysids'] or [])}), documents "
+             f"{', '.join(t['documents'] or [])}.", "",
+             "| model | architecture | BLEU (all refs) | BLEU (first ref) | d-BLEU (all refs) "
+             "| d-BLEU (first ref, ctx-doc-bleu) | CXMI vs shuffled (nats/token) "
+             "| train tokens/s | peak RSS (MB) | updates |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    sigs = set()
+    for m, r in res["models"].items():
+        if "signature" in r:
+            sigs.add(r["signature"])
+        peak = None if r.get("peak_rss_kb") is None else r["peak_rss_kb"] / 1024
+        cx = r.get("cxmi_shuffled")
+        lines.append(f"| {m} | {r['architecture']} | {_fmt(r.get('bleu_all_refs'))} "
+                     f"| {_fmt(r.get('bleu_first_ref'))} | {_fmt(r.get('d_bleu_all_refs'))} "
+                     f"| {_fmt(r.get('d_bleu_first_ref'))} "
+                     f"| {_fmt(cx, 4) if not isinstance(cx, str) else cx} "
+                     f"| {_fmt(r.get('train_wps_mean'), 0)} | {_fmt(peak, 0)} "
+                     f"| {_fmt(r.get('updates'))} |")
+    lines += ["", "BLEU: the tokenized, lowercased hypotheses (H- lines, BPE removed) against the "
+              "references as published, sacreBLEU --tokenize none; signature(s): "
+              + "; ".join(sorted(sigs)) + ".",
+              "CXMI: mean log-probability per target token with the true context minus with "
+              "another document's context (ctx-cxmi, shuffled); above zero: the model uses its "
+              "context.", "", "## Training options", ""]
+    for m, r in res["models"].items():
+        lines.append(f"- `{m}`: `{r.get('train_options') or 'not trained yet'}`")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    kind, work, mode, models = argv[0], argv[1], argv[2], argv[3:]
+    res = collect(work, mode, models)
+    if kind == "json":
+        sys.stdout.write(json.dumps(res, indent=1) + "\n")
+    else:
+        sys.stdout.write(markdown(res))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

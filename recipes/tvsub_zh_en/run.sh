@@ -1,0 +1,363 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# TVsub zh-en (Wang et al., AAAI 2018): Chinese-English TV-episode subtitles,
+# each episode a document; the corpus Miculicich et al. (2018, HAN) report on
+# as "Subtitles zh-en". One stage-1 sentence-level transformer, then every
+# model at the same stage-2 budget; multi-reference BLEU as published,
+# single-reference BLEU, document-level BLEU and the context's contribution
+# (CXMI). See README.md here.
+set -euo pipefail
+
+RECIPE_NAME=tvsub_zh_en
+RECIPE_USAGE="usage: recipes/tvsub_zh_en/run.sh [--workdir DIR] [--smoke | --study] [--raw DIR] [--cpu]
+
+TVsub zh-en documents (one TV episode = one document): download (git clone)
+or --raw, ctx_fairseq.data.prep_tvsub (episodes as documents, dev/test from
+the SGML refsets, every reference kept, checked), joint subword-nmt BPE,
+fairseq-preprocess with docids, stage 1 sentence-level transformer, stage 2
+every model of MODELS from it at one budget, translation of the test set (dev
+when the input has no test set: printed), BLEU with every reference
+(sacreBLEU --tokenize none, as published), BLEU with the first reference,
+document-level BLEU, CXMI against shuffled context, results.md/results.json.
+
+  --workdir DIR  everything goes here        [work/tvsub_zh_en]
+  --smoke        tiny models, a few updates, CPU (in DIR/smoke); the episodes of
+                 --raw (the first SMOKE_EPISODES of them)
+  --study        the CPU study (in DIR/study): a slice of episodes and a small
+                 shape meant to finish within 2 hours on 2 cores with one thread
+                 (README.md, 'CPU study'); resumable
+  (neither)      the GPU mode: the full corpus, Transformer base, --fp16 on CUDA
+  --raw DIR      a clone of github.com/longyuewangdcu/tvsub or the extracted
+                 archive (same layout) instead of cloning
+  --cpu          train and translate on the CPU
+
+Environment (defaults in README.md): MODELS, EPISODES (FIRST:END), BPE_MERGES,
+MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, BEAM, SEED, TVSUB_URL, TVSUB_REF (a git
+revision), DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT,
+UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
+
+# --study is this recipe's own option; the rest are the shared ones
+STUDY=0
+_args=()
+for _a in "$@"; do
+    if [ "$_a" = --study ]; then STUDY=1; else _args+=("$_a"); fi
+done
+for _a in "${_args[@]}"; do
+    if [ "$_a" = --smoke ] && [ "$STUDY" = 1 ]; then
+        printf '[%s] error: --smoke and --study exclude each other\n' "$RECIPE_NAME" >&2
+        exit 1
+    fi
+done
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../lib/recipe.sh
+. "$HERE/../lib/recipe.sh"
+recipe_init "${_args[@]}"
+smoke_needs_raw
+if [ "$STUDY" = 1 ]; then
+    WORK="$WORK/study"
+    mkdir -p "$WORK/.done" "$WORK/logs"
+    log "study mode: work directory $WORK"
+fi
+MODE=gpu
+[ "$SMOKE" = 1 ] && MODE=smoke
+[ "$STUDY" = 1 ] && MODE=study
+L1=zh
+L2=en
+TVSUB_URL=${TVSUB_URL:-https://github.com/longyuewangdcu/tvsub.git}
+TVSUB_REF=${TVSUB_REF:-}
+EVAL_SPLIT=${EVAL_SPLIT:-auto}
+DEV_SRC=${DEV_SRC:-}
+TEST_SRC=${TEST_SRC:-}
+CONTEXT_DROPOUT=${CONTEXT_DROPOUT:-}
+SEED=${SEED:-1}
+
+if [ "$SMOKE" = 1 ] || [ "$STUDY" = 1 ]; then
+    # tiny models gain nothing from several threads, and a busy CPU slows
+    # threaded runs down several times over (recipes/iwslt17_ted_en_de/README.md)
+    if [ -z "${OMP_NUM_THREADS:-}" ]; then
+        export OMP_NUM_THREADS=1
+        log "$MODE mode: OMP_NUM_THREADS=1 (set OMP_NUM_THREADS to choose another number)"
+    fi
+fi
+
+# ------------------------------------------------------------------ settings per mode
+# Every model trains the same number of stage-2 updates of MAX_TOKENS tokens
+# from the same stage-1 model (the equal budget); dc and hybrid, which cannot
+# start from a transformer checkpoint, train SENT_UPDATES + DOC_UPDATES from
+# scratch (the same total budget; README.md).
+case $MODE in
+    smoke)
+        EPISODES=${EPISODES:-0:${SMOKE_EPISODES:-12}}
+        BPE_MERGES=${BPE_MERGES:-200}
+        dim=32; ffn=64; heads=2; layers=2
+        MAX_TOKENS=${MAX_TOKENS:-1000}
+        SENT_UPDATES=${SENT_UPDATES:-40}
+        DOC_UPDATES=${DOC_UPDATES:-6}
+        SENT_LR=(--lr 1e-3 --lr-scheduler fixed)
+        DOC_LR=(--lr 3e-4 --lr-scheduler fixed)
+        BEAM=${BEAM:-1}
+        GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
+        FP16=()
+        MODELS=${MODELS-transformer concat context_aware zhang2018 han selective dc hybrid} ;;
+    study)
+        # the design of README.md, 'CPU study' (estimated, not yet run here)
+        EPISODES=${EPISODES:-0:60}
+        BPE_MERGES=${BPE_MERGES:-8000}
+        dim=256; ffn=1024; heads=4; layers=3
+        MAX_TOKENS=${MAX_TOKENS:-4096}
+        SENT_UPDATES=${SENT_UPDATES:-1200}
+        DOC_UPDATES=${DOC_UPDATES:-200}
+        SENT_LR=(--lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 300 --warmup-init-lr 1e-7)
+        DOC_LR=(--lr 2e-4 --lr-scheduler fixed)
+        BEAM=${BEAM:-1}
+        GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
+        FP16=()
+        MODELS=${MODELS-transformer concat context_aware han selective zhang2018} ;;
+    gpu)
+        EPISODES=${EPISODES:-0:}
+        BPE_MERGES=${BPE_MERGES:-30000}
+        # Transformer base (Miculicich et al. 2018 use OpenNMT's base model)
+        dim=512; ffn=2048; heads=8; layers=6
+        MAX_TOKENS=${MAX_TOKENS:-4096}
+        SENT_UPDATES=${SENT_UPDATES:-100000}
+        DOC_UPDATES=${DOC_UPDATES:-20000}
+        SENT_LR=(--lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 8000 --warmup-init-lr 1e-7)
+        DOC_LR=(--lr 1e-4 --lr-scheduler fixed)
+        BEAM=${BEAM:-4}
+        GEN_LEN=()
+        FP16=()
+        if [ ${#CPU[@]} -eq 0 ]; then FP16=(--fp16); fi
+        MODELS=${MODELS-transformer concat context_aware zhang2018 han selective dc hybrid} ;;
+esac
+read -r -a MODEL_LIST <<< "$MODELS"
+[ ${#MODEL_LIST[@]} -gt 0 ] || die "MODELS is empty: nothing to train after the stage-1 transformer"
+# the prep step reads these: its marker records them
+RECIPE_SETTINGS+=(EPISODES EVAL_SPLIT DEV_SRC TEST_SRC)
+
+SHAPE=(--encoder-layers "$layers" --decoder-layers "$layers"
+       --encoder-embed-dim "$dim" --decoder-embed-dim "$dim"
+       --encoder-ffn-embed-dim "$ffn" --decoder-ffn-embed-dim "$ffn"
+       --encoder-attention-heads "$heads" --decoder-attention-heads "$heads")
+OPTIM=(--optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 1.0 --label-smoothing 0.1
+       --seed "$SEED" --no-epoch-checkpoints --num-workers 0 --max-tokens "$MAX_TOKENS"
+       --save-interval-updates "$([ "$MODE" = gpu ] && echo 2000 || echo 100)"
+       --keep-interval-updates 1 --validate-interval-updates
+       "$([ "$MODE" = gpu ] && echo 2000 || echo 100)" "${FP16[@]}")
+# stage 1's options without the architecture and the budget (also those of the
+# sentence-level models trained from scratch)
+TVSUB_SENT_OPTS=("${SHAPE[@]}" --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1
+           --criterion label_smoothed_cross_entropy "${OPTIM[@]}" "${SENT_LR[@]}")
+SENT_TRAIN=(--arch transformer "${TVSUB_SENT_OPTS[@]}" --max-update "$SENT_UPDATES")
+DOC_COMMON=("${SHAPE[@]}" --dropout 0.2 --attention-dropout 0.1 --activation-dropout 0.1
+            "${OPTIM[@]}" "${DOC_LR[@]}" --max-update "$DOC_UPDATES")
+GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
+
+# tvsub_model_spec NAME -> M_ARCH, M_TASK (task options: training, generation,
+# CXMI), M_MODEL (model options), M_INIT (init: init-from, finetune, scratch),
+# M_GEN (generation only), M_ITER (1: iterative decoding, pass 1 by the stage-1
+# model), M_CXMI (1: ctx-cxmi applies; 0: sentence-level; 2: refused, document memory).
+tvsub_model_spec() {
+    M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
+    M_INIT=init-from; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
+    local cdrop=()
+    if [ -n "$CONTEXT_DROPOUT" ]; then cdrop=(--context-dropout "$CONTEXT_DROPOUT"); fi
+    case "$1" in
+        transformer)  # the stage-1 transformer trained on for the same budget
+            M_ARCH=transformer; M_TASK=(--task translation); M_INIT=finetune; M_CXMI=0
+            M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
+        concat)  # Tiedemann & Scherrer (2017) 2-to-2: one previous sentence on each side
+            M_ARCH=transformer_concat; M_INIT=finetune
+            M_TASK+=(--concat-context --source-context-size 1 --target-context-size 1 "${cdrop[@]}")
+            M_GEN=(--own-target-context) ;;
+        context_aware)  # Voita et al. (2018): one previous source sentence
+            M_ARCH=transformer_context_aware
+            M_TASK+=(--source-context-size 1 "${cdrop[@]}") ;;
+        zhang2018)  # Zhang et al. (2018): two previous source sentences, in the encoder
+            M_ARCH=transformer_doc_zhang2018
+            M_TASK+=(--source-context-size 2 "${cdrop[@]}")
+            M_MODEL=(--context-integration encoder --freeze-sentence-level) ;;
+        han)  # Miculicich et al. (2018), HAN joint: 3 previous source and target sentences
+            M_ARCH=transformer_han; M_ITER=1
+            M_TASK+=(--source-context-size 3 --target-context-size 3 "${cdrop[@]}") ;;
+        selective)  # Maruf et al. (2019): encoder side, online (previous sentences), H-attention
+            M_ARCH=transformer_selective_doc; M_CXMI=2
+            M_TASK+=(--document-context online --document-memory --memory-precomputed)
+            M_MODEL=(--doc-attention hierarchical --sentence-attn sparsemax --word-attn softmax
+                     --context-memory frozen) ;;
+        dc)  # Xu et al.: sentence-level (local context), from scratch
+            M_ARCH=transformer_dc; M_TASK=(--task translation); M_INIT=scratch; M_CXMI=0
+            M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
+        hybrid)  # Xu et al. (ACL 2019): sentence-level hybrid local/global, from scratch
+            M_ARCH=transformer_hybrid; M_TASK=(--task translation); M_INIT=scratch; M_CXMI=0
+            M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
+        *) die "MODELS: unknown model $1 (expected transformer, concat, context_aware, zhang2018, han, selective, dc, hybrid)" ;;
+    esac
+}
+for _m in "${MODEL_LIST[@]}"; do tvsub_model_spec "$_m"; done
+
+# ------------------------------------------------------------------------------ data
+
+download() {
+    local part="$WORK/raw.part"
+    command -v git > /dev/null || die "git is needed to clone $TVSUB_URL"
+    rm -rf "$part"
+    if ! git clone --quiet ${TVSUB_REF:+--no-checkout} "$TVSUB_URL" "$part"; then
+        rm -rf "$part"
+        die "cannot clone $TVSUB_URL (no network?). Clone it by hand, or extract an archive of it, and give it with --raw DIR"
+    fi
+    if [ -n "$TVSUB_REF" ]; then
+        git -C "$part" checkout --quiet "$TVSUB_REF" || { rm -rf "$part"; die "$TVSUB_URL: no revision $TVSUB_REF"; }
+    fi
+    git -C "$part" rev-parse HEAD > "$part/.tvsub-revision"
+    rm -rf "$WORK/raw"
+    mv "$part" "$WORK/raw"
+}
+
+prep() {
+    local raw=${RAW:-$WORK/raw} extra=()
+    step_reads RAW
+    [ -n "$DEV_SRC" ] && extra+=(--dev-src "$DEV_SRC")
+    [ -n "$TEST_SRC" ] && extra+=(--test-src "$TEST_SRC")
+    "$PY" -c 'import sys; from ctx_fairseq.data.prep_tvsub import main; main(sys.argv[1:])' \
+        prep --raw "$raw" --out "$WORK/docs" --episodes "$EPISODES" --eval-split "$EVAL_SPLIT" \
+        "${extra[@]}"
+}
+
+# bpe_tvsub: joint subword-nmt BPE over the published units (no re-tokenization)
+bpe_tvsub() {
+    ctx_bpe_joint "$BPE_MERGES" "$L1" "$L2" "$WORK/docs" "$WORK/bpe"
+}
+
+# binarize: one joined dictionary with <brk> (the concatenation baseline's
+# break) in it from the start, so that every model, the stage-1 transformer
+# included, has the same embedding tables and transformer_concat starts from
+# the stage-1 checkpoint as it is.
+binarize() {
+    local bin="$WORK/data-bin" tmp="$WORK/dict.part"
+    rm -rf "$tmp"
+    fairseq-preprocess --source-lang "$L1" --target-lang "$L2" --trainpref "$WORK/bpe/train" \
+        --destdir "$tmp" --joined-dictionary --dict-only --workers 2 > "$WORK/logs/dict.log" 2>&1 \
+        || { tail -n 20 "$WORK/logs/dict.log" >&2; die "fairseq-preprocess --dict-only failed"; }
+    grep -q '^<brk> ' "$tmp/dict.$L1.txt" || printf '<brk> 1 #fairseq:overwrite\n' >> "$tmp/dict.$L1.txt"
+    preprocess "$L1" "$L2" "$WORK/bpe" "$bin" --srcdict "$tmp/dict.$L1.txt" --joined-dictionary
+    rm -rf "$tmp"
+}
+
+# --------------------------------------------------------------------------- models
+
+# fairseq-train's peak resident memory: the shared train() runs
+# `fairseq-train`; this function measures it with GNU time into
+# $WORK/logs/peak-NAME.kb (KB; the host memory of the process).
+fairseq-train() {
+    local save="" prev="" a
+    for a in "$@"; do [ "$prev" = --save-dir ] && save=$a; prev=$a; done
+    if [ -x /usr/bin/time ] && [ -n "$save" ]; then
+        /usr/bin/time -f '%M' -o "$WORK/logs/peak-$(basename "$save").kb" fairseq-train "$@"
+    else
+        command fairseq-train "$@"
+    fi
+}
+
+train_sentence() { train "$WORK/data-bin" "$WORK/checkpoints/sentence" "${SENT_TRAIN[@]}"; }
+
+# train_model NAME INIT ARGS...: stage 2 of NAME (INIT: init-from | finetune | scratch)
+train_model() {
+    local name=$1 init=$2 ckpt
+    shift 2
+    ckpt=$(best_checkpoint "$WORK/checkpoints/sentence")
+    case $init in
+        init-from) train "$WORK/data-bin" "$WORK/checkpoints/$name" --init-from-sentence-checkpoint "$ckpt" "$@" ;;
+        finetune) train "$WORK/data-bin" "$WORK/checkpoints/$name" --finetune-from-model "$ckpt" "$@" ;;
+        scratch) train "$WORK/data-bin" "$WORK/checkpoints/$name" "$@" ;;
+    esac
+}
+
+# translate_model NAME ITER ARGS...: the test split to $WORK/generate/NAME.txt
+translate_model() {
+    local name=$1 iter=$2
+    shift 2
+    if [ "$iter" = 1 ]; then
+        ctx_iterative_translate "$name" "$WORK/data-bin" "$WORK/checkpoints/$name" \
+            "$WORK/checkpoints/sentence" test "$BEAM" "$@"
+    else
+        ctx_translate "$name" "$WORK/data-bin" "$WORK/checkpoints/$name" test --beam "$BEAM" "$@"
+    fi
+}
+
+# score_model NAME: BLEU with every reference and the first (sentence and
+# document level, prep_tvsub score) and ctx-doc-bleu's report (first reference)
+score_model() {
+    local name=$1 out="$WORK/results/$1"
+    mkdir -p "$out"
+    ctx_logged "$out/bleu.log" "$PY" -c 'import sys; from ctx_fairseq.data.prep_tvsub import main; main(sys.argv[1:])' \
+        score "$WORK/generate/$name.txt" --refs "$WORK/docs/test.ref" --docids "$WORK/docs/test.docids" \
+        --out-dir "$out" --prefix bleu
+    ctx_logged "$out/doc_bleu.log" bleu "$WORK/generate/$name.txt" "$WORK/docs/test.docids" "$out" \
+        --refs "$WORK/docs/test.ref0.$L2" --hypotheses H --tokenize none --prefix doc_bleu
+    log "$name: $(grep -m1 '^BLEU (all' "$out/bleu.log")"
+}
+
+# cxmi_model NAME ARGS...: ctx-cxmi (true against shuffled context) on the test split
+cxmi_model() {
+    local name=$1 ckpt
+    shift
+    ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
+    cuda_args
+    local dev=(--cpu)
+    [ ${#CUDA_ARGS[@]} -gt 0 ] && dev=()
+    ctx_logged "$WORK/results/$name/cxmi.log" ctx-cxmi --path "$ckpt" --data "$WORK/data-bin" \
+        --split test --out "$WORK/results/$name/cxmi" --conditions shuffled \
+        --max-tokens "$MAX_TOKENS" --lang "$L2" "${dev[@]}"
+}
+
+# report: results.md and results.json (every model of this run with results)
+report() {
+    ctx_write_if_changed "$WORK/results/results.json" "$PY" "$HERE/report.py" json "$WORK" "$MODE" \
+        sentence "${MODEL_LIST[@]}"
+    ctx_write_if_changed "$WORK/results/results.md" "$PY" "$HERE/report.py" md "$WORK" "$MODE" \
+        sentence "${MODEL_LIST[@]}"
+}
+
+# -------------------------------------------------------------------------- steps
+
+if [ -z "$RAW" ]; then step download download; fi
+step prep prep
+"$PY" - "$WORK/docs/prep.json" <<'PYEOF'
+import json, sys
+s = json.load(open(sys.argv[1], encoding="utf-8"))
+t = s["test"]
+note = "" if s["eval_split"] == "test" else " (the input has no test set)"
+print(f"[tvsub_zh_en] evaluating on the {s['eval_split']} set: {t['sentences']} sentences, "
+      f"{t['references']} reference(s){note}", file=sys.stderr)
+PYEOF
+step bpe bpe_tvsub
+step binarize binarize
+if [ "${UNTIL:-}" = data ]; then
+    log "UNTIL=data: the data are ready in $WORK/data-bin; stopping before training"
+    exit 0
+fi
+log "models: transformer (stage 1) then ${MODEL_LIST[*]} ($MODE mode)"
+step train_sentence train_sentence
+for m in "${MODEL_LIST[@]}"; do
+    tvsub_model_spec "$m"
+    if [ "$M_INIT" = scratch ]; then
+        # the same total budget as stage 1 + stage 2, with stage 1's settings
+        step "train_$m" train_model "$m" scratch --arch "$M_ARCH" "${TVSUB_SENT_OPTS[@]}" \
+            "${M_TASK[@]}" "${M_MODEL[@]}" --max-update "$((SENT_UPDATES + DOC_UPDATES))"
+    else
+        step "train_$m" train_model "$m" "$M_INIT" --arch "$M_ARCH" "${M_TASK[@]}" \
+            "${M_MODEL[@]}" "${M_CRIT[@]}" "${DOC_COMMON[@]}"
+    fi
+done
+step translate_sentence translate_model sentence 0 --task translation "${GEN[@]}"
+step score_sentence score_model sentence
+for m in "${MODEL_LIST[@]}"; do
+    tvsub_model_spec "$m"
+    step "translate_$m" translate_model "$m" "$M_ITER" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
+    step "score_$m" score_model "$m"
+    if [ "$M_CXMI" = 1 ]; then step "cxmi_$m" cxmi_model "$m"; fi
+done
+report
+log "done: $WORK/results/results.md"
+cat "$WORK/results/results.md"

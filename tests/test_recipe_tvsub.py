@@ -1,0 +1,370 @@
+"""recipes/tvsub_zh_en and ctx_fairseq.data.prep_tvsub: the TVsub layout read
+as documents (episodes, SGML refsets with every reference), the bad inputs
+(each an error naming the file and the counts, nothing written), the
+multi-reference scorer against sacreBLEU, and the recipe's smoke mode end to
+end on tiny synthetic episodes written here in the repository's layout
+(tests never read ../shared)."""
+
+import json
+import os
+import random
+import re
+import subprocess
+
+import pytest
+
+from ctx_fairseq.data import prep_tvsub as pt
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(REPO, "recipes", "tvsub_zh_en", "run.sh")
+
+# a toy "Chinese" (numbered words) and its English; a dropped subject pronoun
+# in the source whose English depends on the previous sentence's speaker word
+ZH = [f"词{i}" for i in range(24)]
+EN = [f"w{i}" for i in range(24)]
+
+
+def _sentences(rng, n):
+    out = []
+    subject = "he"
+    for _ in range(n):
+        k = rng.randint(2, 6)
+        idx = [rng.randrange(len(ZH)) for _ in range(k)]
+        zh = " ".join(ZH[i] for i in idx)
+        en = " ".join(EN[i] for i in idx)
+        if rng.random() < 0.5:  # the pronoun is dropped in the Chinese
+            en = f"{subject} {en}"
+        else:
+            subject = rng.choice(["he", "she"])
+            zh = ("他 " if subject == "he" else "她 ") + zh
+            en = f"{subject} {en}"
+        if rng.random() < 0.3:
+            en += " don &apos;t ."
+            zh += " 不 。"
+        out.append((zh, en))
+    return out
+
+
+def _sgm(path, setid, docs_by_ref):
+    """docs_by_ref: {sysid: [(docid, [text, ...]), ...]} -> an SGML refset."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f'<refset setid="{setid}" srclang="Chinese" trglang="English">\n')
+        for sysid, docs in docs_by_ref.items():
+            for docid, segs in docs:
+                f.write(f'<DOC docid="{docid}" sysid="{sysid}">\n')
+                for i, t in enumerate(segs, 1):
+                    f.write(f"<p>\n<seg id={i}> {t}</seg>\n</p>\n")
+                f.write("</DOC>\n")
+        f.write("</refset>\n")
+
+
+def write_tvsub(root, episodes=12, lines=30, dev=(9, 12), test=(10, 8), test_refs=3, seed=0):
+    """A tiny corpus in the TVsub repository's layout under ROOT: training
+    episodes 0..episodes-1 (tokenized and raw files), dev (two documents, one
+    reference, sysid E01) and, with test_refs > 0, test (two documents,
+    test_refs references reference_1...)."""
+    rng = random.Random(seed)
+    tr = os.path.join(root, "data", "orignal", "train", "separated")
+    os.makedirs(tr, exist_ok=True)
+    for n in range(episodes):
+        pairs = _sentences(rng, lines)
+        for suffix, side in ((pt.ZH_SUFFIX, 0), (pt.EN_SUFFIX, 1), (".zh", 0), (".en", 1)):
+            # the raw Chinese is unsegmented
+            text = [p[side].replace(" ", "") if suffix == ".zh" else p[side] for p in pairs]
+            with open(os.path.join(tr, f"{n}{suffix}"), "w", encoding="utf-8") as f:
+                f.write("".join(t + "\n" for t in text))
+    splits = [("dev", dev, 1, "E01")]
+    if test_refs:
+        splits.append(("test", test, test_refs, None))
+    for split, sizes, nrefs, sysid in splits:
+        d = os.path.join(root, "data", "processed", split)
+        os.makedirs(d, exist_ok=True)
+        docs = [(f"SUB0{i + 1}", _sentences(rng, k)) for i, k in enumerate(sizes)]
+        with open(os.path.join(d, f"{split}_src"), "w", encoding="utf-8") as f:
+            f.write("".join(zh + "\n" for _, p in docs for zh, _ in p))
+        refs = {}
+        for r in range(nrefs):
+            name = sysid or f"reference_{r + 1}"
+            refs[name] = [(docid, [en if r == 0 else f"{en} r{r}" for _, en in p])
+                          for docid, p in docs]
+        # every reference of a document, then the next document (as the corpus)
+        by_doc = {}
+        for name, ds in refs.items():
+            for docid, segs in ds:
+                by_doc.setdefault(docid, []).append((name, segs))
+        with open(os.path.join(d, f"{split}_trg.sgm"), "w", encoding="utf-8") as f:
+            f.write(f'<refset setid="sub{split}_eval" srclang="Chinese" trglang="English">\n')
+            for docid, rs in by_doc.items():
+                for name, segs in rs:
+                    f.write(f'<DOC docid="{docid}" sysid="{name}">\n')
+                    f.write("".join(f"<p>\n<seg id={i}> {t}</seg>\n</p>\n"
+                                    for i, t in enumerate(segs, 1)))
+                    f.write("</DOC>\n")
+            f.write("</refset>\n")
+    return root
+
+
+def _prep(root, out, **kw):
+    return pt.prepare(str(root), str(out), **kw)
+
+
+# ----------------------------------------------------------------------------- reading
+
+def test_prepare_documents_and_references(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"))
+    s = _prep(root, tmp_path / "docs")
+    d = tmp_path / "docs"
+    assert s["eval_split"] == "test"
+    assert s["train"]["documents"] == 12 and s["train"]["sentences"] == 360
+    assert s["valid"]["references"] == 1 and s["test"]["references"] == 3
+    assert s["test"]["sysids"] == ["reference_1", "reference_2", "reference_3"]
+    assert s["test"]["documents"] == ["test-SUB01", "test-SUB02"]
+    docids = (d / "train.docids").read_text().split()
+    assert docids[0] == "ep-0" and docids[-1] == "ep-11" and len(docids) == 360
+    assert (d / "test.docids").read_text().split() == ["test-SUB01"] * 10 + ["test-SUB02"] * 8
+    assert (d / "valid.docids").read_text().split() == ["dev-SUB01"] * 9 + ["dev-SUB02"] * 12
+    ref0 = (d / "test.ref0.en").read_text().splitlines()
+    ref2 = (d / "test.ref2.en").read_text().splitlines()
+    assert (d / "test.en").read_text().splitlines() == ref0
+    assert [r + " r2" for r in ref0] == ref2
+    # entities kept as they are (the training English's units), seg's leading space gone
+    assert any("&apos;" in r for r in ref0) and not any(r.startswith(" ") for r in ref0)
+    assert s["test"]["reference_units"][0]["raw_quote_or_apostrophe"] == 0
+    # training text as given, episode order
+    tr = tmp_path / "tvsub" / "data" / "orignal" / "train" / "separated"
+    assert (d / "train.zh").read_text().splitlines()[:30] == \
+        (tr / f"0{pt.ZH_SUFFIX}").read_text().splitlines()
+    assert not (tmp_path / "docs.part").exists()
+
+
+def test_no_test_set_evaluates_on_dev(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), test_refs=0)
+    s = _prep(root, tmp_path / "docs", first=2, count=3)
+    assert s["eval_split"] == "dev" and s["test"]["from"] == "dev"
+    assert (tmp_path / "docs" / "test.zh").read_text() == (tmp_path / "docs" / "valid.zh").read_text()
+    assert (tmp_path / "docs" / "train.docids").read_text().split()[0] == "ep-2"
+    assert s["train"]["documents"] == 3
+    with pytest.raises(pt.TvsubError, match="no test set"):
+        _prep(root, tmp_path / "docs2", eval_split="test")
+    assert not (tmp_path / "docs2").exists()
+
+
+def test_cli_prints_the_split(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), test_refs=0, episodes=3)
+    r = subprocess.run(["python", "-c", "import sys; from ctx_fairseq.data.prep_tvsub import main;"
+                        " main(sys.argv[1:])", "prep", "--raw", root, "--out",
+                        str(tmp_path / "docs")], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert "evaluating on the dev set (the input has no test set" in r.stdout
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _expect_error(root, out, match, **kw):
+    with pytest.raises(pt.TvsubError, match=match):
+        _prep(root, out, **kw)
+    assert not os.path.exists(out) and not os.path.exists(str(out) + ".part")
+
+
+def _edit(path, fn):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(fn(text))
+
+
+def test_episode_files_differ_in_line_count(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=4)
+    en = os.path.join(root, pt.TRAIN_DIR, f"2{pt.EN_SUFFIX}")
+    _edit(en, lambda t: t + "one more line\n")
+    _expect_error(root, str(tmp_path / "out"),
+                  rf"episode 2: its files differ in line count: .*2\{pt.ZH_SUFFIX} has 30, "
+                  rf".*2\{pt.EN_SUFFIX} has 31")
+    # the raw files are checked too
+    root2 = write_tvsub(str(tmp_path / "tvsub2"), episodes=4)
+    _edit(os.path.join(root2, pt.TRAIN_DIR, "1.zh"), lambda t: t.split("\n", 1)[1])
+    _expect_error(root2, str(tmp_path / "out"), r"episode 1: .*1\.zh has 29")
+
+
+def test_episode_without_its_pair_and_gaps(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=4)
+    os.remove(os.path.join(root, pt.TRAIN_DIR, f"3{pt.ZH_SUFFIX}"))
+    _expect_error(root, str(tmp_path / "out"), rf"1 episode\(s\) without \{pt.ZH_SUFFIX} "
+                                               rf"\(first: 3\{pt.ZH_SUFFIX}\)")
+    root = write_tvsub(str(tmp_path / "tvsub2"), episodes=4)
+    for s in (pt.ZH_SUFFIX, pt.EN_SUFFIX):
+        os.remove(os.path.join(root, pt.TRAIN_DIR, f"1{s}"))
+    _expect_error(root, str(tmp_path / "out"), "episode 1 is missing")
+    _expect_error(root, str(tmp_path / "out"), r"2 episodes from 2 on; 5 asked for",
+                  first=2, count=5)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.replace("<seg id=3>", "<seg id=4>", 1), r"seg id 4 repeated \(10 segs, 9 distinct"),
+    (lambda t: t.replace("<seg id=10>", "<seg id=12>", 1), r"seg id 10 missing \(10 segs, ids 1\.\.12\)"),
+    (lambda t: t.replace("<seg id=2>", "<seg id=x>", 1), "seg id 'x' is not a number"),
+])
+def test_refset_seg_ids(tmp_path, edit, match):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=2)
+    sgm = os.path.join(root, "data", "processed", "test", "test_trg.sgm")
+    _edit(sgm, edit)
+    _expect_error(root, str(tmp_path / "out"), re.escape(sgm) + r":\d+: DOC SUB01 .*" + match
+                  if "not a number" not in match else re.escape(sgm) + r":\d+: " + match)
+
+
+def test_refset_missing_seg(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=2)
+    sgm = os.path.join(root, "data", "processed", "dev", "dev_trg.sgm")
+    _edit(sgm, lambda t: t.replace("<p>\n<seg id=4>", "<p>\n<segx id=4>", 1))
+    # SUB01 of dev now has ids 1-3, 5-9: 4 is missing
+    _expect_error(root, str(tmp_path / "out"),
+                  re.escape(sgm) + r":\d+: DOC SUB01 \(sysid E01\): seg id 4 missing \(8 segs, ids 1\.\.9\)")
+
+
+def test_references_of_different_lengths(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=2)
+    sgm = os.path.join(root, "data", "processed", "test", "test_trg.sgm")
+
+    def drop_last_seg_of_ref2_sub02(t):
+        head, sep, tail = t.partition('<DOC docid="SUB02" sysid="reference_2">')
+        body, end, rest = tail.partition("</DOC>")
+        body = body[:body.rindex("<p>\n<seg id=8>")]
+        return head + sep + body + end + rest
+    _edit(sgm, drop_last_seg_of_ref2_sub02)
+    _expect_error(root, str(tmp_path / "out"),
+                  re.escape(sgm) + ": DOC SUB02: reference reference_2 has 7 sentences, "
+                  "reference reference_1 has 8")
+
+
+def test_references_with_other_documents(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=2)
+    sgm = os.path.join(root, "data", "processed", "test", "test_trg.sgm")
+    _edit(sgm, lambda t: t.replace('docid="SUB02" sysid="reference_3"', 'docid="SUB03" sysid="reference_3"'))
+    _expect_error(root, str(tmp_path / "out"), "reference reference_3 has documents SUB01, SUB03")
+
+
+def test_source_without_references_and_counts(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=2)
+    d = os.path.join(root, "data", "processed", "test")
+    os.rename(os.path.join(d, "test_trg.sgm"), os.path.join(d, "elsewhere.sgm"))
+    _expect_error(root, str(tmp_path / "out"),
+                  re.escape(os.path.join(d, "test_src")) + ": a source without its references")
+    os.rename(os.path.join(d, "elsewhere.sgm"), os.path.join(d, "test_trg.sgm"))
+    os.rename(os.path.join(d, "test_src"), os.path.join(d, "test_auto_dp_src"))
+    _expect_error(root, str(tmp_path / "out"), "references without their source .*test_auto_dp_src")
+    # the +DP source named explicitly is read
+    s = _prep(root, tmp_path / "ok", test_src="test_auto_dp_src")
+    assert s["test"]["source"].endswith("test_auto_dp_src")
+    _edit(os.path.join(d, "test_auto_dp_src"), lambda t: t + "多 一 行\n")
+    _expect_error(root, str(tmp_path / "out"), r"test_auto_dp_src has 19 lines but .*test_trg\.sgm "
+                  r"has 18 sentences per reference \(3 references; documents SUB01 10, SUB02 8\)",
+                  test_src="test_auto_dp_src")
+
+
+def test_failed_prepare_keeps_the_old_output(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=2)
+    out = tmp_path / "docs"
+    _prep(root, out)
+    before = {p: (out / p).read_bytes() for p in os.listdir(out)}
+    _edit(os.path.join(root, pt.TRAIN_DIR, f"0{pt.EN_SUFFIX}"), lambda t: t + "x\n")
+    with pytest.raises(pt.TvsubError):
+        _prep(root, out)
+    assert {p: (out / p).read_bytes() for p in os.listdir(out)} == before
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def _gen_file(path, hyps):
+    with open(path, "w", encoding="utf-8") as f:
+        for i, h in enumerate(hyps):
+            f.write(f"S-{i}\tsrc {i}\nH-{i}\t-0.5\t{h}\nD-{i}\t-0.5\t{h}\n")
+
+
+def test_score_multi_reference_equals_sacrebleu(tmp_path):
+    import sacrebleu
+
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=2)
+    d = tmp_path / "docs"
+    _prep(root, d)
+    refs = [(d / f"test.ref{k}.en").read_text().splitlines() for k in range(3)]
+    rng = random.Random(1)
+    hyps = [" ".join(w for w in r.split() if rng.random() < 0.8) for r in refs[1]]
+    _gen_file(tmp_path / "gen.txt", hyps)
+    res = pt.score(str(tmp_path / "gen.txt"), str(d / "test.ref"), str(d / "test.docids"))
+    want = sacrebleu.corpus_bleu(hyps, refs, tokenize="none").score
+    assert res["sentence_level"]["all_references"]["bleu"] == pytest.approx(want, abs=0.005)
+    one = sacrebleu.corpus_bleu(hyps, refs[:1], tokenize="none").score
+    assert res["sentence_level"]["first_reference"]["bleu"] == pytest.approx(one, abs=0.005)
+    assert "nrefs:3" in res["sentence_level"]["all_references"]["signature"]
+    assert "tok:none" in res["sentence_level"]["all_references"]["signature"]
+    docs = (d / "test.docids").read_text().split()
+    j = lambda xs: [" ".join(x for x, dd in zip(xs, docs) if dd == k) for k in ("test-SUB01", "test-SUB02")]
+    dwant = sacrebleu.corpus_bleu(j(hyps), [j(r) for r in refs], tokenize="none").score
+    assert res["document_level"]["all_references"]["bleu"] == pytest.approx(dwant, abs=0.005)
+    assert res["references"] == 3 and res["documents"] == 2
+    # a missing hypothesis is an error naming the file
+    _gen_file(tmp_path / "short.txt", hyps[:-1])
+    with pytest.raises(pt.TvsubError, match=r"short\.txt: 17 hypotheses for the 18 sentences"):
+        pt.score(str(tmp_path / "short.txt"), str(d / "test.ref"), str(d / "test.docids"))
+
+
+# ----------------------------------------------------------------------------- recipe
+
+def run(args, env=None, timeout=1800):
+    return subprocess.run(["bash", RECIPE, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=dict(os.environ, **(env or {})))
+
+
+def test_bash_syntax_help_and_options(tmp_path):
+    assert subprocess.run(["bash", "-n", RECIPE]).returncode == 0
+    r = run(["--help"])
+    assert r.returncode == 0 and "TVsub zh-en documents" in r.stdout and "--study" in r.stdout
+    r = run(["--smoke", "--workdir", str(tmp_path / "w")])
+    assert r.returncode == 1 and "give the sample with --raw DIR" in r.stderr
+    r = run(["--smoke", "--study", "--workdir", str(tmp_path / "w")])
+    assert r.returncode == 1 and "--smoke and --study exclude each other" in r.stderr
+    r = run(["--smoke", "--raw", str(tmp_path), "--workdir", str(tmp_path / "w")],
+            env={"MODELS": "transformer nope"})
+    assert r.returncode == 1 and "MODELS: unknown model nope" in r.stderr
+
+
+def test_bad_input_stops_the_prep_step(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=3)
+    _edit(os.path.join(root, pt.TRAIN_DIR, f"1{pt.EN_SUFFIX}"), lambda t: t + "x\n")
+    work = tmp_path / "w"
+    r = run(["--smoke", "--raw", root, "--workdir", str(work)], env={"EPISODES": "0:3"})
+    assert r.returncode == 1
+    assert "episode 1: its files differ in line count" in r.stderr and "step prep failed" in r.stderr
+    assert not (work / "smoke" / "docs").exists() and not (work / "smoke" / ".done" / "prep").exists()
+
+
+@pytest.mark.slow
+def test_smoke_end_to_end(tmp_path):
+    """Every model on tiny synthetic episodes: the test set's 3 references,
+    results.json with BLEU, d-BLEU and the context's contribution per model;
+    a re-run skips every step."""
+    root = write_tvsub(str(tmp_path / "tvsub"))
+    work = tmp_path / "w"
+    r = run(["--smoke", "--raw", root, "--workdir", str(work)], env={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-5000:]
+    assert "evaluating on the test set: 18 sentences, 3 reference(s)" in r.stderr
+    res = json.loads((work / "smoke" / "results" / "results.json").read_text())
+    assert res["eval_split"] == "test" and res["test"]["references"] == 3
+    models = ["sentence", "transformer", "concat", "context_aware", "zhang2018", "han",
+              "selective", "dc", "hybrid"]
+    assert list(res["models"]) == models
+    for m in models:
+        row = res["models"][m]
+        for k in ("bleu_all_refs", "bleu_first_ref", "d_bleu_all_refs", "d_bleu_first_ref"):
+            assert isinstance(row[k], float), (m, k, row)
+        assert "nrefs:3" in row["signature"]
+        assert row["train_options"] and row["updates"] is not None
+    for m in ("concat", "context_aware", "zhang2018", "han"):
+        assert isinstance(res["models"][m]["cxmi_shuffled"], float), m
+    assert res["models"]["selective"]["cxmi_shuffled"].startswith("refused")
+    md = (work / "smoke" / "results" / "results.md").read_text()
+    assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
+    r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env={"OMP_NUM_THREADS": "1"})
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert not re.search(r"\] step \w", r2.stderr), r2.stderr[-2000:]
+
