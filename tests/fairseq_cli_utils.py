@@ -1,6 +1,16 @@
 """Run fairseq's command-line entry points in-process (as fairseq's own
 tests/test_binaries.py does), so the test suite stays fast; build tiny models
-from the command line as fairseq does, and random token batches for them."""
+from the command line as fairseq does, and random token batches for them.
+
+Device: fairseq's CLIs run on CUDA whenever a GPU is visible unless given
+``--cpu``. ``train``, ``generate`` and ``interactive`` (and
+``train_and_generate``) run on the CPU unless told otherwise, so the suite
+computes the same numbers on a GPU machine as on a CPU-only one (tests compare
+CLI output with numbers computed in-process on the CPU): ``--cpu`` is added
+unless ``device="cuda"`` is given, or ``device`` is left out and the command
+asks for reduced precision (``--fp16``, ``--bf16``, ``--amp``: a CUDA run,
+as in tests/test_cuda.py).
+"""
 
 import contextlib
 import io
@@ -122,6 +132,23 @@ def loaded_and_fresh(model, checkpoint_state):
     return loaded, [k for k in own if k not in checkpoint_state]
 
 
+_GPU_FLAGS = ("--fp16", "--bf16", "--amp", "--memory-efficient-fp16", "--memory-efficient-bf16")
+
+
+def with_device(argv: Sequence[str], device: Optional[str] = None) -> List[str]:
+    """``argv`` with ``--cpu`` unless it is to run on CUDA (module docstring)."""
+    argv = list(argv)
+    if device is None:
+        device = "cuda" if any(a in _GPU_FLAGS for a in argv) else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: expected 'cpu' or 'cuda'")
+    if device == "cuda":
+        if "--cpu" in argv:
+            raise ValueError("device='cuda' with --cpu in the arguments")
+        return argv
+    return argv if "--cpu" in argv else argv + ["--cpu"]
+
+
 def preprocess(argv: List[str]) -> None:
     from fairseq import options
     from fairseq_cli import preprocess as fs_preprocess
@@ -131,24 +158,26 @@ def preprocess(argv: List[str]) -> None:
     fs_preprocess.main(args)
 
 
-def train(argv: List[str]) -> None:
+def train(argv: List[str], device: Optional[str] = None) -> None:
     from fairseq import distributed_utils, options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import train as fs_train
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR] + argv)
+    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR]
+                                       + with_device(argv, device))
     cfg = convert_namespace_to_omegaconf(args)
     distributed_utils.call_main(cfg, fs_train.main)
 
 
-def generate(argv: List[str]) -> str:
+def generate(argv: List[str], device: Optional[str] = None) -> str:
     """Run fairseq-generate; returns what it printed."""
     from fairseq import options
     from fairseq_cli import generate as fs_generate
 
     parser = options.get_generation_parser()
-    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR] + argv)
+    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR]
+                                       + with_device(argv, device))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         fs_generate.main(args)
@@ -156,20 +185,21 @@ def generate(argv: List[str]) -> str:
 
 
 def train_and_generate(data_dir: str, save_dir: str, arch: str, extra: List[str] = (),
-                       max_update: int = 3, gen_extra: List[str] = ()) -> str:
+                       max_update: int = 3, gen_extra: List[str] = (),
+                       device: Optional[str] = None) -> str:
     """Train ``arch`` for a few updates on ``data_dir`` and beam-search its test set."""
     train(
         [data_dir, "--arch", arch, *TINY_MODEL_ARGS, *extra,
          "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500",
          "--max-update", str(max_update), "--save-dir", save_dir,
          "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints",
-         "--seed", "1", "--num-workers", "0", "--disable-validation"]
+         "--seed", "1", "--num-workers", "0", "--disable-validation"], device
     )
     ckpt = os.path.join(save_dir, "checkpoint_last.pt")
     assert os.path.exists(ckpt), ckpt
     return generate(
         [data_dir, "--path", ckpt, "--beam", "2", "--max-tokens", "500",
-         "--gen-subset", "test", "--num-workers", "0", "--max-len-b", "20", *gen_extra]
+         "--gen-subset", "test", "--num-workers", "0", "--max-len-b", "20", *gen_extra], device
     )
 
 
@@ -177,14 +207,15 @@ def hypotheses(generate_output: str) -> List[str]:
     return [line.split("\t")[2] for line in generate_output.splitlines() if line.startswith("H-")]
 
 
-def interactive(argv: List[str]) -> str:
+def interactive(argv: List[str], device: Optional[str] = None) -> str:
     """Run fairseq-interactive (``--input FILE`` in ``argv``); returns what it printed."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import interactive as fs_interactive
 
     parser = options.get_interactive_generation_parser()
-    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR] + argv)
+    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR]
+                                       + with_device(argv, device))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         fs_interactive.main(convert_namespace_to_omegaconf(args))
