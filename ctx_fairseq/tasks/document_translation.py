@@ -73,6 +73,12 @@ restores the batch's context inputs from the task's dataset (and checks that
 the source tokens are the ones expected) instead of letting the model run
 without context.
 
+Batches the task builds at generation (``--own-target-context``'s positions,
+fairseq-interactive's restored context) are moved whole to the device of the
+batch fairseq handed it (:func:`_to_device`); ``--concat-context`` generates a
+batch in one generator call whatever its prefix lengths
+(:class:`ForcedPrefixes`).
+
 Two-stage training: ``--init-from-sentence-checkpoint`` is read when the model
 is built for a new run only; when fairseq will restore a checkpoint
 (``checkpoint_last.pt`` in ``--save-dir``, ``--restore-file``,
