@@ -127,12 +127,13 @@ def test_own_target_context_uses_the_previous_hypotheses(concat_ckpt, toy_bin, m
     seen = {}
     real = DocumentTranslationTask._concat_step
 
-    def spy(self, generator, models, sample, prefix_tokens, constraints):
+    def spy(self, generator, models, sample, prefix_tokens, constraints, plen=None):
         d = self.target_dictionary
-        for i, p, n in zip(sample["id"].tolist(), sample["target_prefix"],
-                           sample["target_prefix_len"].tolist()):
+        lengths = sample["target_prefix_len"].tolist()
+        assert plen is None or plen == lengths
+        for i, p, n in zip(sample["id"].tolist(), sample["target_prefix"], lengths):
             seen[i] = d.string(p[:n])
-        return real(self, generator, models, sample, prefix_tokens, constraints)
+        return real(self, generator, models, sample, prefix_tokens, constraints, plen)
 
     monkeypatch.setattr(DocumentTranslationTask, "_concat_step", spy)
     out = generate([toy_bin, "--path", concat_ckpt, *CONCAT22, "--beam", "1", "--max-tokens", "600",

@@ -801,7 +801,8 @@ class DocumentTranslationTask(TranslationTask):
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
         return self._sequential_step(view, generator, models, sample, prefix_tokens, constraints)
 
-    def _concat_step(self, generator, models, sample, prefix_tokens, constraints):
+    def _concat_step(self, generator, models, sample, prefix_tokens, constraints,
+                     plen: Optional[List[int]] = None):
         """Concatenation: the target context (with its breaks) is forced as
         the decoder's prefix and removed from the hypotheses; the whole batch
         in one call of the generator, whatever the rows' prefix lengths
@@ -815,7 +816,8 @@ class DocumentTranslationTask(TranslationTask):
         if "target_prefix" not in sample:
             raise ValueError("--concat-context: generation needs the target context as a prefix "
                              "(target_prefix: the generation split's dataset)")
-        plen = sample["target_prefix_len"].tolist()  # one read per batch
+        if plen is None:  # (given when the batch was collated here, still on the CPU)
+            plen = sample["target_prefix_len"].tolist()  # one read per batch
         if max(plen, default=0) == 0:
             return super().inference_step(generator, models, sample, None, constraints)
         with ForcedPrefixes(generator, sample, plen):
@@ -861,9 +863,10 @@ class DocumentTranslationTask(TranslationTask):
                         "--shard-id that split documents)")
             one = ds.collater([ds[i] for i in group])
             one_ids = one["id"].tolist()  # the collater's order (still on the CPU: no read)
+            plen = one["target_prefix_len"].tolist() if self.cfg.concat_context else None
             one = _to_device(one, device)
             if self.cfg.concat_context:
-                hyps = self._concat_step(generator, models, one, None, None)
+                hyps = self._concat_step(generator, models, one, None, None, plen)
             else:
                 hyps = super().inference_step(generator, models, one, None, None)
             for i, h, best in zip(one_ids, hyps, _best_tokens_on_cpu(hyps)):
