@@ -174,6 +174,7 @@ from ctx_fairseq.modules.sentence_cache import (
     SentenceStateCache,
     assemble_rows,
     row_keys,
+    to_device,
     weights_signature,
 )
 
@@ -228,7 +229,7 @@ def _real_positions(lengths: List[int], width: int, left_pad: bool, device) -> T
     if left_pad:
         within += np.repeat(width - lens, lens)
     rows = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
-    return torch.as_tensor(rows * width + within, device=device)  # host-to-device
+    return to_device(torch.from_numpy(rows * width + within), device)
 
 
 def _host_rows(keys) -> List[List[int]]:
@@ -440,7 +441,7 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         """Cache misses: the states of memory rows ``rows`` at their real
         tokens (``sum x C``), the rows trimmed to their longest (``lens``:
         the real tokens per memory row, on the host)."""
-        idx = torch.tensor(rows, dtype=torch.long, device=mem.device)
+        idx = to_device(torch.tensor(rows, dtype=torch.long), mem.device)
         n = [lens[i] for i in rows]
         tokens = mem.index_select(0, idx)[:, _cut(mem.size(1), max(n), left)]
         out = TransformerEncoderBase.forward_scriptable(enc, tokens, lengths.index_select(0, idx))
@@ -671,7 +672,7 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         """Cache misses: keys and values of memory rows ``rows`` at their real
         target positions (``sum x C`` each), sources and targets trimmed to
         their longest (``lens``/``src_lens``: real tokens per row, on the host)."""
-        idx = torch.tensor(rows, dtype=torch.long, device=prev.device)
+        idx = to_device(torch.tensor(rows, dtype=torch.long), prev.device)
         n = [lens[i] for i in rows]
         tokens = prev.index_select(0, idx)[:, _cut(prev.size(1), max(n), left_tgt)]
         cols = _cut(enc_states.size(0), max(src_lens[i] for i in rows), left_src)

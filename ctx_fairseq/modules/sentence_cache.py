@@ -40,7 +40,19 @@ import torch
 from torch import Tensor
 
 __all__ = ["SentenceStateCache", "row_keys", "assemble", "assemble_rows", "sentence_digest",
-           "weights_signature"]
+           "to_device", "weights_signature"]
+
+
+def to_device(t: Tensor, device) -> Tensor:
+    """``t`` (a host tensor) on ``device`` without a synchronisation: on CUDA
+    through pinned memory and a non-blocking copy (a copy from pageable memory
+    waits for the device); elsewhere ``t`` itself."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    if device != t.device:
+        return t.to(device)
+    return t
 
 
 def sentence_digest(tokens) -> Tuple[int, int]:
@@ -73,12 +85,11 @@ def assemble_rows(entries: Sequence[Tuple[Tensor, ...]], width: int, left_pad: b
     within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(starts, lens)
     if left_pad:
         within = within + np.repeat(width - lens, lens)
-    index = torch.as_tensor(rows * width + within, device=device)  # host-to-device
+    index = to_device(torch.from_numpy(rows * width + within), device)
     out = []
     for k in range(len(entries[0])):
         host = torch.cat([e[k] for e in entries], 0) if S > 1 else entries[0][k]
-        flat = torch.empty(host.shape, dtype=host.dtype, device=device)
-        flat = flat.copy_(host, non_blocking=True).to(dtype)  # host-to-device
+        flat = to_device(host, device).to(dtype)
         full = flat.new_zeros(S * width, flat.size(-1))
         full.index_copy_(0, index, flat)
         out.append(full.view(S, width, -1))
