@@ -222,3 +222,27 @@ def test_the_simulated_device_catches_a_cpu_tensor():
             torch.arange(3)[idx]
         assert torch.arange(3).to(OTHER)[torch.tensor([1])].tolist() == [1]
         assert np.array_equal(torch.arange(3).to(OTHER).cpu().numpy(), np.arange(3))
+
+
+@pytest.mark.parametrize("case", ["concat", "han"])
+def test_own_target_context_reads_back_once_per_position(toy_bin, case):
+    """The best hypotheses of a document position are copied to the host in
+    one copy (it was one per sentence), counted on the simulated device where
+    ``.cpu()`` is a read as on a GPU; concatenation reads no prefix lengths
+    back (they are known on the CPU)."""
+    from ctx_fairseq.host_reads import HostReadCounter
+
+    arch, task_args = CASES[case]
+    task, model = _task_and_model(toy_bin, arch, task_args)
+    batches = _batches(task, model)
+    ds = task.dataset("test")
+    model = _on_other(model)
+    gen = _generator(task, model, ["--beam", "2", "--max-len-b", "4"])
+    positions = 0
+    with torch.no_grad(), OtherDeviceMode():
+        with HostReadCounter() as reads:
+            for sample in batches:
+                positions += len(set(ds.sent_pos[sample["id"].numpy()].tolist()))
+                task.inference_step(gen, [model], to_other(sample))
+    assert positions > len(batches)
+    assert reads.by_op["cpu"] == positions, dict(reads.by_op)
