@@ -233,6 +233,21 @@ def test_one_generator_call_per_batch_equals_one_per_prefix_length(concat_ckpt, 
     assert lengths >= 4 and rows >= 48  # a batch of 4 prefix lengths or more
 
 
+def test_alignment_of_the_current_sentence(concat_ckpt, toy_bin):
+    """--print-alignment (fairseq's generator with alignment, whose model the
+    task's one-call forcing wraps too): alignments of the current sentence's
+    tokens only."""
+    out = generate([toy_bin, "--path", concat_ckpt, *CONCAT22, "--gold-target-context",
+                    "--beam", "2", "--max-tokens", "600", "--gen-subset", "test",
+                    "--num-workers", "0", "--print-alignment"])
+    hyps = _hyps(out)
+    aligns = {int(m.group(1)): m.group(2) for m in re.finditer(r"^A-(\d+)\t(.*)$", out, re.M)}
+    assert len(hyps) == 48 and aligns.keys() == hyps.keys()
+    for i, a in aligns.items():
+        targets = [int(p.split("-")[1]) for p in a.split()]
+        assert targets and max(targets) <= len(hyps[i].split())  # (+ </s>)
+
+
 def test_contrastive_scores_the_current_sentence_only(concat_ckpt, toy_bin, toy_corpus):
     """The score is the current sentence's log-probability given the context
     (prefix tokens excluded): computed here from a training batch."""
