@@ -135,9 +135,18 @@ the backward), so memory is ``O(B H T K L)`` for the scores plus one chunk.
 Their weight gradients are accumulated (``index_add``) in float32 at least.
 Why not a data-dependent size (computing only the support pairs, the
 previous design): it needs ``nonzero``/``unique`` and Python loops over
-size buckets per document and per layer (about 48 host reads and 290
-kernel launches per document and step measured on the CPU counter); the
-static version needs none.
+size buckets per document and per layer (48 ``nonzero``, 27 ``tolist``, 6
+``unique`` in one training step of a tiny model on the CPU counter); the
+static version needs none (on an H200, ``torch.cuda.set_sync_debug_mode
+("error")`` passes a forward and backward of this layer in float32 and
+float16). Its cost is linear in ``K``: one layer, d=512, 8 heads, 100
+queries of 30 tokens over a 100-sentence document (mean Eq. 3 support 8.9
+at initialisation), forward + backward on an H200 in float32: 20 / 34 / 64
+ms for K = 8 / 16 / 32 (8 and 16 overflow for 52% / 1.3% of the
+token-heads), against 42 ms for the previous, synchronising version
+measured alone (float16: 21 / 31 / 54 against 45 ms). The default K = 32
+keeps the result exact in that setting; a smaller ``--doc-word-capacity``
+is faster where the training statistics show no ``word_overflow``.
 
 Decoder integration / incremental decoding: queries are independent per
 position and the module keeps no state across steps, so a decoder computes
