@@ -976,3 +976,30 @@ def test_equals_the_previous_implementation(mode, selective, online, seed):
     s = min(i1["sent_weights"].size(-1), i2["sent_weights"].size(-1))
     torch.testing.assert_close(i2["sent_weights"][..., :s], i1["sent_weights"][..., :s],
                                rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_autocast_matches_float32(mode):
+    """``torch.autocast`` (bfloat16 on the CPU; ``--amp``): forward and backward
+    run (the gathered word-level kernels compute both passes in the autocast
+    dtype), outputs within 5e-2 of float32 (scale ~3), the input gradient
+    within 10% relative L2 norm (bfloat16 has 8 bits), all finite."""
+    att, sa, wa = mode
+    torch.manual_seed(0)
+    layer = DocumentContextLayer(C, H, 16, attention=att, sentence_attn=sa, word_attn=wa)
+    mem = make_memory([40, 1, 3], L=9, seed=7, empty=[3, 41])
+    q, qd, qp = make_queries([(0, 39), (0, 0), (0, 20), (1, 0), (2, 2)], T=4, seed=8, scale=1.0)
+    q, keys, values = q.float(), mem.keys.float(), mem.values.float()
+    res = []
+    for amp in (False, True):
+        qq = q.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            pm = layer.project_memory(keys, values, mem.mask, mem.doc, mem.pos)
+            out, _ = layer(qq, pm, qd, qp, True)
+        out.float().sin().sum().backward()
+        assert torch.isfinite(qq.grad).all()
+        res.append((out.float(), qq.grad))
+        layer.zero_grad()
+    (o32, g32), (o16, g16) = res
+    assert (o16 - o32).abs().max() < 5e-2
+    assert (g16 - g32).norm() / g32.norm() < 0.1

@@ -274,26 +274,39 @@ def memory_layout(mem_doc: Tensor, mem_pos: Tensor) -> Tuple[Tensor, Tensor, Ten
             torch.from_numpy(valid).to(dev))
 
 
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    """The dtype an autocast region would compute a matrix product of ``t`` in
+    (``t``'s own outside one)."""
+    dev = t.device.type
+    if torch.is_autocast_enabled(dev) and t.is_floating_point():
+        return torch.get_autocast_dtype(dev)
+    return t.dtype
+
+
 class _GatheredScores(torch.autograd.Function):
     """``out[n, k, l] = q[n] . kf[g[n, k], l]`` (``q`` ``N x d``, ``kf`` ``G x L x d``,
     ``g`` ``N x K`` long) without keeping the gathered ``N x K x L x d`` keys:
     computed in chunks of ``chunk`` rows in both passes; the keys' gradient is
-    accumulated (``index_add``) in float32 at least."""
+    accumulated (``index_add``) in float32 at least. Under autocast both passes
+    compute in the autocast dtype (the backward runs outside the region, so the
+    dtype is kept from the forward and the operands cast explicitly)."""
 
     @staticmethod
     def forward(ctx, q, kf, g, chunk: int):
         ctx.save_for_backward(q, kf, g)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.dt = chunk, _compute_dtype(q)
+        qc, kc = q.to(ctx.dt), kf.to(ctx.dt)
         N, K = g.shape
-        out = q.new_empty(N, K, kf.size(1))
+        out = qc.new_empty(N, K, kf.size(1))
         for a in range(0, N, chunk):
-            out[a:a + chunk] = torch.einsum("nd,nkld->nkl", q[a:a + chunk], kf[g[a:a + chunk]])
+            out[a:a + chunk] = torch.einsum("nd,nkld->nkl", qc[a:a + chunk], kc[g[a:a + chunk]])
         return out
 
     @staticmethod
     def backward(ctx, grad):
         q, kf, g = ctx.saved_tensors
-        N, chunk = g.size(0), ctx.chunk
+        N, chunk, dt = g.size(0), ctx.chunk, ctx.dt
+        qc, kc, grad = q.to(dt), kf.to(dt), grad.to(dt)
         gq = gk = None
         if ctx.needs_input_grad[0]:
             gq = torch.empty_like(q)
@@ -302,33 +315,35 @@ class _GatheredScores(torch.autograd.Function):
         for a in range(0, N, chunk):
             go, gc = grad[a:a + chunk], g[a:a + chunk]
             if gq is not None:
-                gq[a:a + chunk] = torch.einsum("nkl,nkld->nd", go, kf[gc])
+                gq[a:a + chunk] = torch.einsum("nkl,nkld->nd", go, kc[gc])
             if gk is not None:
-                part = torch.einsum("nkl,nd->nkld", go, q[a:a + chunk])
+                part = torch.einsum("nkl,nd->nkld", go, qc[a:a + chunk])
                 gk.index_add_(0, gc.reshape(-1), part.reshape(-1, *kf.shape[1:]).to(gk.dtype))
         return gq, (gk.to(kf.dtype) if gk is not None else None), None, None
 
 
 class _GatheredValues(torch.autograd.Function):
     """``out[n] = sum_{k,l} a[n, k, l] vf[g[n, k], l]`` (``a`` ``N x K x L``,
-    ``vf`` ``G x L x d``) without keeping the gathered values; chunked as
-    :class:`_GatheredScores`, the values' gradient accumulated in float32 at
-    least."""
+    ``vf`` ``G x L x d``) without keeping the gathered values; chunked, in
+    the autocast dtype and with float32 gradient accumulation as
+    :class:`_GatheredScores`."""
 
     @staticmethod
     def forward(ctx, a, vf, g, chunk: int):
         ctx.save_for_backward(a, vf, g)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.dt = chunk, _compute_dtype(vf)
+        ac, vc = a.to(ctx.dt), vf.to(ctx.dt)
         N = g.size(0)
-        out = a.new_empty(N, vf.size(2))
+        out = vc.new_empty(N, vf.size(2))
         for i in range(0, N, chunk):
-            out[i:i + chunk] = torch.einsum("nkl,nkld->nd", a[i:i + chunk], vf[g[i:i + chunk]])
+            out[i:i + chunk] = torch.einsum("nkl,nkld->nd", ac[i:i + chunk], vc[g[i:i + chunk]])
         return out
 
     @staticmethod
     def backward(ctx, grad):
         a, vf, g = ctx.saved_tensors
-        N, chunk = g.size(0), ctx.chunk
+        N, chunk, dt = g.size(0), ctx.chunk, ctx.dt
+        ac, vc, grad = a.to(dt), vf.to(dt), grad.to(dt)
         ga = gv = None
         if ctx.needs_input_grad[0]:
             ga = torch.empty_like(a)
@@ -337,9 +352,9 @@ class _GatheredValues(torch.autograd.Function):
         for i in range(0, N, chunk):
             go, gc = grad[i:i + chunk], g[i:i + chunk]
             if ga is not None:
-                ga[i:i + chunk] = torch.einsum("nd,nkld->nkl", go, vf[gc])
+                ga[i:i + chunk] = torch.einsum("nd,nkld->nkl", go, vc[gc])
             if gv is not None:
-                part = torch.einsum("nkl,nd->nkld", a[i:i + chunk], go)
+                part = torch.einsum("nkl,nd->nkld", ac[i:i + chunk], go)
                 gv.index_add_(0, gc.reshape(-1), part.reshape(-1, *vf.shape[1:]).to(gv.dtype))
         return ga, (gv.to(vf.dtype) if gv is not None else None), None, None
 
