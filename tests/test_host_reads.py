@@ -32,7 +32,9 @@ An architecture that still exceeds the transformer is marked
 ``xfail(strict=True)`` in ``XFAIL`` with the reason: the suite stays green, and
 the mark must go once the reads are gone (a strict xfail that passes fails).
 Every test records its counts (``record_property``: they appear in the JUnit
-XML) and prints them on failure, per op.
+XML) and prints them on failure, per op. The counter itself is checked first:
+each read it claims is counted once, and what is not a read (or reads a host
+copy) is not counted.
 """
 
 import logging
@@ -67,6 +69,83 @@ XFAIL: Dict[Tuple[str, str], str] = {
        "(extract_features_scriptable; _fairseq_utils.decode_static avoids it, as the HAN does)"
        for kind in ("train", "beam")},
 }
+
+
+# --------------------------------------------------------------------------- the counter
+
+
+def _counter_cases():
+    """``(name, fn, expected by_op)``: each read the counter claims once, and
+    what it must not count (see ctx_fairseq.host_reads)."""
+    import numpy as np
+    import torch.onnx.operators
+
+    x = torch.randn(5, 3, requires_grad=True)
+    m = x.detach()[:, 0] > 0
+    i = torch.tensor([0, 2])
+    r = torch.ones(5, dtype=torch.long)
+    return [
+        ("item", lambda: x.sum().item(), {"item": 1}),
+        ("bool", lambda: bool(m.any()), {"item": 1}),
+        ("int", lambda: int(i[0]), {"item": 1}),
+        ("python index", lambda: [0, 1, 2][i[1]], {"item": 1}),
+        ("nonzero", lambda: m.nonzero(), {"nonzero": 1}),
+        ("where(c)", lambda: torch.where(m), {"nonzero": 1}),
+        ("argwhere", lambda: torch.argwhere(m), {"nonzero": 1}),
+        ("unique", lambda: torch.unique(i), {"unique": 1}),
+        ("unique_consecutive", lambda: torch.unique_consecutive(i), {"unique": 1}),
+        ("unique dim", lambda: torch.unique(x.detach(), dim=0), {"unique": 1}),
+        ("masked_select", lambda: x.masked_select(m[:, None]), {"masked_select": 1}),
+        ("equal", lambda: torch.equal(i, i), {"equal": 1}),
+        ("allclose", lambda: torch.allclose(x, x), {"equal": 1}),
+        ("bool index", lambda: x[m], {"bool_index": 1}),
+        ("bool index put", lambda: x.detach().clone().__setitem__(m, 0.0), {"bool_index": 1}),
+        ("repeat_interleave", lambda: x.repeat_interleave(r, dim=0), {"repeat_interleave": 1}),
+        ("bincount", lambda: torch.bincount(i, minlength=5), {"bincount": 1}),
+        ("tolist", lambda: i.tolist(), {"tolist": 1}),
+        ("numpy", lambda: np.asarray(i), {"numpy": 1}),
+        ("cpu", lambda: i.cpu(), {"cpu": 1}),
+        ("to cpu", lambda: i.to(torch.device("cpu")), {"cpu": 1}),
+        # one read: the copy; what follows reads the host copy
+        ("cpu numpy", lambda: i.cpu().numpy(), {"cpu": 1}),
+        ("cpu tolist", lambda: (i.detach().cpu() + 1).tolist(), {"cpu": 1}),
+        ("cpu int", lambda: int(i.cpu()[0]), {"cpu": 1}),
+        ("cpu then device", lambda: (i.cpu(), i.tolist()), {"cpu": 1, "tolist": 1}),
+        # not reads
+        ("repeat_interleave output_size",
+         lambda: x.repeat_interleave(r, dim=0, output_size=5), {}),
+        ("repeat_interleave int", lambda: x.repeat_interleave(2, dim=0), {}),
+        ("nonzero_static", lambda: torch.nonzero_static(m, size=5), {}),
+        ("index", lambda: x[i], {}),
+        ("dtype", lambda: i.to(torch.float), {}),
+        ("topk max cumsum", lambda: (x.topk(2, 0), x.max(0), i.cumsum(0)), {}),
+        ("len shape", lambda: (len(i), i.shape), {}),
+        ("shape_as_tensor", lambda: int(torch.onnx.operators.shape_as_tensor(x)[0] + 1), {}),
+    ]
+
+
+@pytest.mark.parametrize("name,fn,expected", _counter_cases(), ids=lambda v: v
+                         if isinstance(v, str) else "")
+def test_host_read_counter_counts_each_read_once(name, fn, expected):
+    with HostReadCounter() as reads:
+        fn()
+    assert dict(reads.by_op) == expected, name
+    assert reads.total == sum(expected.values())
+
+
+def test_host_read_counter_restores_what_it_patched():
+    import torch.onnx.operators
+
+    before = (torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.tolist, torch.Tensor.numpy,
+              torch._shape_as_tensor, torch.onnx.operators.shape_as_tensor)
+    with pytest.raises(RuntimeError, match="boom"), HostReadCounter():
+        raise RuntimeError("boom")
+    assert before == (torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.tolist,
+                      torch.Tensor.numpy, torch._shape_as_tensor,
+                      torch.onnx.operators.shape_as_tensor)
+
+
+# --------------------------------------------------------------------------- architectures
 
 
 def task_options(arch: str):
