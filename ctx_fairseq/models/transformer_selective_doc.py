@@ -62,8 +62,8 @@ tokens made by the task's collater (``mem_src_key``/``mem_tgt_key``, numpy
 arrays that stay on the host): a batch looks its memory up without reading
 anything back, copies all its misses' states to the host at once, and
 assembles its memory with one host-to-device copy (see
-:mod:`ctx_fairseq.modules.sentence_cache`). ``--memory-cache-sentences N`` (default 100000) bounds the
-number of entries (one per distinct source, plus one per distinct
+:mod:`ctx_fairseq.modules.sentence_cache`). ``--memory-cache-sentences N``
+(default 100000) bounds the number of entries (one per distinct source, plus one per distinct
 source-target pair with decoder integration), least recently used out; 0: no
 cache (the memory is computed per batch, in chunks). The cache is not a
 module or buffer: never saved in a checkpoint, and a ``copy.deepcopy`` of
@@ -785,9 +785,9 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
         parser.add_argument("--memory-cache-sentences", type=int, metavar="N",
                             help="--context-memory frozen: keep the frozen model's states of "
                                  "up to N memory sentences (entries; least recently used out) "
-                                 "in a cache on the CPU (in the model's precision), so that a sentence is "
-                                 "encoded once, not in every batch; 0: no cache (default "
-                                 f"{MEMORY_CACHE_SENTENCES})")
+                                 "in a cache on the CPU (in the model's precision), so that a "
+                                 "sentence is encoded once, not in every batch; 0: no cache "
+                                 f"(default {MEMORY_CACHE_SENTENCES})")
         parser.add_argument("--doc-sentence-distance", type=int, metavar="N",
                             help="beyond the paper: learned per-head bias on the sentence-level "
                                  "scores by the signed sentence distance (query - memory "

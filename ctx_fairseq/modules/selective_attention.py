@@ -159,7 +159,7 @@ document and is never reordered.
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -718,8 +718,8 @@ class HierarchicalContextAttention(nn.Module):
         """``alpha`` (``B x H x T x K x L``) times the values of the rows behind
         ``g``: ``T x B x H x d``."""
         B, H, T, K, L = alpha.shape
-        out = _GatheredValues.apply(alpha.reshape(-1, K, L), memory.v_w.reshape(-1, L, self.head_dim),
-                                    g, self._word_chunk(K, L))
+        vf = memory.v_w.reshape(-1, L, self.head_dim)
+        out = _GatheredValues.apply(alpha.reshape(-1, K, L), vf, g, self._word_chunk(K, L))
         return out.view(B, H, T, self.head_dim).permute(2, 0, 1, 3)
 
     def _hierarchical(self, qs: Tensor, qw: Tensor, memory: ProjectedMemory, rows: Tensor,

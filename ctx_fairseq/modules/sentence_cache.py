@@ -22,11 +22,14 @@ Host work, not device reads. Keys are 128-bit digests of the sentences'
 tokens (:func:`sentence_digest`), computed by the task's collater on the
 CPU where the tokens are (``mem_src_key``/``mem_tgt_key``, numpy arrays that
 stay on the host), so a batch looks its memory up without reading anything
-back (no ``.tolist()`` of the memory, no Python loop over tokens); :meth:`SentenceStateCache.fetch` copies
-the states of all of a batch's misses to the host in one copy, and
-:func:`assemble_rows` builds the padded memory with one host-to-device copy
-and an index computed on the host. (:func:`row_keys`, exact token tuples,
-is what inputs without the collater's keys use.) The cache is not saved with checkpoints (nor
+back (no ``.tolist()`` of the memory, no Python loop over tokens);
+:meth:`SentenceStateCache.fetch` copies the states of all of a batch's
+misses to the host in one copy, and :func:`assemble_rows` builds the padded
+memory with one host-to-device copy (pinned, :func:`to_device`) and an
+index computed on the host. (:func:`row_keys`, exact token tuples, is what
+inputs without the collater's keys use.)
+
+The cache is not saved with checkpoints (nor
 copied by ``copy.deepcopy`` or pickled: a copy starts empty) and is emptied
 when the frozen weights are (re)loaded; :meth:`SentenceStateCache.validate`
 also empties it when the weights it was filled with have changed (new
