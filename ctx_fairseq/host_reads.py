@@ -34,15 +34,20 @@ What is counted (``HostReadCounter``; the key in ``by_op`` in brackets):
   behind ``np.asarray(t)``): on a GPU ``numpy()`` needs a host tensor, so a
   call on a hot-path tensor stands for the ``.cpu().numpy()`` it would be.
 
-Reads of *host tensors* are not counted: the result of a counted ``.cpu()``,
-of ``torch._shape_as_tensor`` (``torch.onnx.operators.shape_as_tensor``, a
+Reads of *host tensors* are not counted, as they cost nothing on a GPU
+either: the result of a counted ``.cpu()``; the result of
+``torch._shape_as_tensor`` (``torch.onnx.operators.shape_as_tensor``: a
 tensor's shape as a CPU tensor, which fairseq's sinusoidal positional
-embedding reads back on every call), and, transitively, the outputs of every op whose tensor inputs are all host
-tensors) is on the host already, so ``t.cpu().numpy()``, ``t.cpu().tolist()``,
-``int(t.cpu()[0])`` or ``(t.cpu() + 1).tolist()`` count one read (the copy),
-as on a GPU. Not counted, because they do not read back: host-to-device
-copies, operations on 0-dim tensors mixed with device tensors, ``len(t)``,
-``t.shape``.
+embedding reads on every call); and, transitively, the outputs of every op
+whose tensor inputs are all host tensors. So ``t.cpu().numpy()``,
+``t.cpu().tolist()``, ``int(t.cpu()[0])`` or ``(t.cpu() + 1).tolist()``
+count one read (the copy), as on a GPU.
+
+Not counted, because they do not read back: host-to-device copies (on a GPU
+a copy from pageable memory also synchronises: the CUDA tests count those,
+``tests/test_cuda.py``), operations on 0-dim tensors mixed with device
+tensors, ``len(t)``, ``t.shape``. The counter's own cases are in
+``tests/test_host_reads.py``.
 
 Usage::
 
