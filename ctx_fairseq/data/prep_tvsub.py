@@ -480,7 +480,7 @@ def format_score(res: dict) -> str:
             r = res[level][which]
             k = res["references"] if which == "all_references" else 1
             lines.append(f"| {level.replace('_', '-')} | {which.replace('_', ' ')} ({k}) "
-                         f"| {r['bleu']:.2f} | {r['signature']} |")
+                         f"| {r['bleu']:.2f} | {r['signature'].replace('|', chr(92) + '|')} |")
     lines.append("")
     lines.append(f"{res['sentences']} sentences, {res['documents']} documents; {res['metric']}.")
     return "\n".join(lines) + "\n"
