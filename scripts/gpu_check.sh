@@ -63,7 +63,8 @@ run_phase() {
     fi
     rc=$?
     note "   rc=$rc after $(($(date +%s) - t0)) s$([ $rc -eq 124 ] && echo ' (TIMED OUT)')"
-    tail -n 15 "${ERRFILE:-$out}" | sed 's/^/   | /' >> "$SUMMARY"
+    grep -v -E 'USDT:|Warning|deprecation|hydra|See https|^ *$' "${ERRFILE:-$out}" \
+        | tail -n 15 | sed 's/^/   | /' >> "$SUMMARY"
     pack
     return 0
 }
@@ -93,7 +94,12 @@ pack
 
 # a module that fails to import (e.g. mid-edit) must not stop the others; xunit1: the JUnit XML
 # keeps the tests' record_property values (tests/test_host_reads.py's counts)
-PYTEST_OPTS=(-q -p no:cacheprovider --continue-on-collection-errors -o junit_family=xunit1)
+PYTEST_OPTS=(-q -p no:cacheprovider --continue-on-collection-errors -o junit_family=xunit1
+             --disable-warnings)
+failures() {  # the failing tests' lines of a pytest output into the summary
+    grep -E '^(FAILED|ERROR|XPASS)' "$1" | head -n 60 | sed 's/^/   ! /' >> "$SUMMARY"
+    pack
+}
 XDIST=()
 if "$PY" -c "import xdist" 2> /dev/null; then XDIST=(-n); fi
 pytest_n() {  # -n N where pytest-xdist is installed
@@ -107,6 +113,7 @@ case $phase in
     run_phase "phase 1: CUDA tests" 200 "$WORK/phase1_cuda.txt" \
         env OMP_NUM_THREADS=1 "$PY" -m pytest -m cuda $(pytest_n 8) "${PYTEST_OPTS[@]}" \
         --junitxml="$WORK/phase1_junit.xml"
+    [ -f "$WORK/phase1_cuda.txt" ] && failures "$WORK/phase1_cuda.txt"
     ;;
 2)
     if [ "$DRY" = 1 ]; then
@@ -118,6 +125,7 @@ case $phase in
     run_phase "phase 2: default suite" 240 "$WORK/phase2_suite.txt" \
         env OMP_NUM_THREADS=1 "$PY" -m pytest $(pytest_n 14) "${PYTEST_OPTS[@]}" \
         --junitxml="$WORK/phase2_junit.xml" "${SUITE[@]}"
+    [ -f "$WORK/phase2_suite.txt" ] && failures "$WORK/phase2_suite.txt"
     ;;
 3)
     if [ "$DRY" = 1 ]; then
@@ -145,7 +153,7 @@ case $phase in
             "$WORK/bench_$name.json" "$PY" -m ctx_fairseq.cli.bench "${DEV[@]}" --json "$@"
         if [ -s "$WORK/bench_$name.json" ]; then
             "$PY" -m ctx_fairseq.cli.bench --from-json "$WORK/bench_$name.json" --markdown \
-                >> "$SUMMARY" 2>&1
+                >> "$SUMMARY" 2>> "$WORK/bench.log"
             pack
         fi
     }
