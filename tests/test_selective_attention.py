@@ -225,11 +225,13 @@ def test_selective_equals_dense_values_and_gradients(word_attn, online):
     pad = torch.zeros(len(spec), 4, dtype=torch.bool)
     pad[1, 3:] = True
     results = []
-    for selective in (True, False):
-        # capacity 4 < S_max = 8: the selective path takes the top 4 sentences per
-        # (token, head), which hold the whole support here (no overflow)
+    # (selective, dense_elems): the word level per token over the top 4 sentences
+    # (capacity 4 < S_max = 8, which hold the whole support here: no overflow),
+    # forced by dense_elems 0; the reference (every sentence, per token); and the
+    # default per-query formulation (checked after)
+    for selective, dense_elems in ((True, 0), (False, 0), (True, 1 << 28)):
         m = build("hierarchical", "sparsemax", word_attn, selective=selective, chunk_elems=1,
-                  word_capacity=4)
+                  word_capacity=4, dense_elems=dense_elems)
         calls = []
         orig = m._word_scores
         m._word_scores = lambda *a: (calls.append(a[2].size(-1)), orig(*a))[1]
@@ -243,7 +245,13 @@ def test_selective_equals_dense_values_and_gradients(word_attn, online):
         grads = {n: p.grad for n, p in m.named_parameters()}
         grads.update(query=qq.grad, keys=keys.grad, values=values.grad)
         results.append((out, info, grads, calls))
-    (o_s, i_s, g_s, n_calls), (o_d, i_d, g_d, k_d) = results
+    (o_s, i_s, g_s, n_calls), (o_d, i_d, g_d, k_d), (o_q, i_q, g_q, k_q) = results
+    assert k_q == []  # per query sentence: no per-token gathering
+    torch.testing.assert_close(o_q, o_d, rtol=0, atol=1e-10)
+    for k in g_q:
+        torch.testing.assert_close(g_q[k], g_d[k], rtol=0, atol=1e-10, msg=k)
+    for k in ("sent_weights", "word_weights", "word_support_sum", "num_support_pairs"):
+        torch.testing.assert_close(i_q[k], i_d[k], rtol=0, atol=1e-10)
     # the comparison is not vacuous: the sentence support is partial, the
     # selective path's word level ran over 4 of the 8 sentence slots, and the
     # support fitted (no overflow)
@@ -932,19 +940,22 @@ def _previous_module():
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
 @pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@pytest.mark.parametrize("dense_elems", [1 << 28, 0], ids=["per-query", "per-token"])
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-def test_equals_the_previous_implementation(mode, selective, online, seed):
+def test_equals_the_previous_implementation(mode, dense_elems, selective, online, seed):
     """Random batches (sentences without words, one-sentence documents, a
     document absent from the memory, queries without context, i.e. fully
     masked rows): outputs, input and parameter gradients and the statistics
-    equal the previous data-dependent implementation (float64, 1e-10), with a
-    word capacity smaller than the largest document but not than the support."""
+    equal the previous data-dependent implementation (float64, 1e-10), with the
+    word level per query sentence (the default at these shapes) and per token
+    (``dense_elems`` 0) over a capacity smaller than the largest document but
+    not than the support."""
     old = _previous_module()
     att, sa, wa = mode
     torch.manual_seed(seed)
     m_old = old.HierarchicalContextAttention(C, H, att, sa, wa, selective=selective).double()
     m_new = HierarchicalContextAttention(C, H, att, sa, wa, selective=selective,
-                                         word_capacity=5).double()
+                                         word_capacity=5, dense_elems=dense_elems).double()
     m_new.load_state_dict(m_old.state_dict())
     mem = make_memory([5, 1, 7, 3], L=7, seed=seed, empty=[2, 6, 12])
     g = torch.Generator().manual_seed(seed)

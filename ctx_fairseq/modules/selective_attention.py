@@ -110,43 +110,50 @@ the batch's total memory ``S``. Sparsemax is this module's own
 (:class:`_Sparsemax`, the same values as ``entmax.sparsemax`` with a backward
 of static shape).
 
-Word level (Eq. 4-5) over a fixed capacity. The sparsemax support has no
-data-independent bound below the number of visible sentences (equal scores
-put all of them in it), so the selective path (``selective=True``, sparsemax
-Eq. 3) takes a static ``K = min(word_capacity, S_max)`` sentences per (query
-token, head): the ``topk`` of the Eq. 3 weights. When the support has at
-most ``K`` sentences (the usual case: trained supports hold a few sentences)
-this is exact, equal in value and gradient to the dense path (sentences
-outside the support have ``alpha_s = 0`` and a zero sparsemax Jacobian).
-When it has more, the ``K`` largest are kept and the rest dropped (their
-weights are not renormalised): the number of such (token, head) pairs is
-counted on the device, without a read, as the statistic
-``word_overflow_sum`` (and the model's ``word_overflow`` training
-statistic); raise ``word_capacity`` (``--doc-word-capacity``) when it is
-not 0. The default ``WORD_CAPACITY`` = 32. The dense path
-(``selective=False``) and the softmax ablation of Eq. 3 use ``K = S_max``
-(all sentences), as does flat-word.
+Word level (Eq. 4-5), two static formulations, chosen from shapes only
+(:meth:`HierarchicalContextAttention._per_query_words`):
 
-The word scores of ``B x H x T x K`` (token, head, sentence) triples against
-their ``L`` words are computed by :class:`_GatheredScores` and the value
-reading by :class:`_GatheredValues`: keys and values are gathered per chunk
-of about ``chunk_elems`` elements only (forward and backward, never kept for
-the backward), so memory is ``O(B H T K L)`` for the scores plus one chunk.
-Their weight gradients are accumulated (``index_add``) in float32 at least.
+* **Per query sentence** (the default where it fits): each query sentence's
+  document words are gathered once (``B x S_max x L x C``, ``_GatherRows``,
+  whose backward accumulates in float32) and shared by its ``T`` tokens: the
+  word scores of every sentence are batched GEMMs (``B x H x T x S_max x L``),
+  masked to the support of Eq. 3 and normalised, and the values read by one
+  more. Exact (no capacity), equal in value and gradient to the dense path:
+  sentences outside the support have ``alpha_s = 0`` and a zero sparsemax
+  Jacobian. Used while ``B x S_max x L x C <= dense_elems`` (default 2^28)
+  and ``S_max <= T K`` (it moves no more than the per-token formulation).
+* **Per token over a fixed capacity** (long documents, incremental decoding
+  steps with ``S_max > K``): the sparsemax support has no data-independent
+  bound below the number of visible sentences (equal scores put all of
+  them in it), so the selective path (sparsemax Eq. 3) takes a static ``K =
+  min(word_capacity, S_max)`` sentences per (query token, head), the
+  ``topk`` of the Eq. 3 weights: exact when the support has at most ``K``
+  sentences; when it has more, the ``K`` largest are kept and the rest
+  dropped (not renormalised), and the number of such (token, head) pairs
+  is counted on the device, without a read, as ``word_overflow_sum`` in the
+  statistics (raise ``--doc-word-capacity`` when it is not 0; default
+  ``WORD_CAPACITY`` = 32). The dense path (``selective=False``), the softmax
+  ablation of Eq. 3 and flat-word use ``K = S_max``. The word scores of the
+  ``B x H x T x K`` (token, head, sentence) triples are computed by
+  :class:`_GatheredScores` and the value reading by :class:`_GatheredValues`:
+  keys and values gathered per chunk of about ``chunk_elems`` elements only
+  (forward and backward, never kept for the backward), their gradients
+  accumulated in float32 at least.
+
 Why not a data-dependent size (computing only the support pairs, the
 previous design): it needs ``nonzero``/``unique`` and Python loops over
 size buckets per document and per layer (48 ``nonzero``, 27 ``tolist``, 6
 ``unique`` in one training step of a tiny model on the CPU counter); the
 static version needs none (on an H200, ``torch.cuda.set_sync_debug_mode
 ("error")`` passes a forward and backward of this layer in float32 and
-float16). Its cost is linear in ``K``: one layer, d=512, 8 heads, 100
-queries of 30 tokens over a 100-sentence document (mean Eq. 3 support 8.9
-at initialisation), forward + backward on an H200 in float32: 20 / 34 / 64
-ms for K = 8 / 16 / 32 (8 and 16 overflow for 52% / 1.3% of the
-token-heads), against 42 ms for the previous, synchronising version
-measured alone (float16: 21 / 31 / 54 against 45 ms). The default K = 32
-keeps the result exact in that setting; a smaller ``--doc-word-capacity``
-is faster where the training statistics show no ``word_overflow``.
+float16). Measured on an H200, ``ctx-bench --fp16`` (6+6 layers, d=512,
+4,096 tokens, 100-sentence documents): training at 0.574 of the
+transformer's tokens/s with the per-query formulation (the issue measured
+0.419 for the previous version); forcing the per-token one (K = 32) gave
+0.357, K = 8 0.542 (with 52% of the token-heads overflowing at
+initialisation). One layer alone, 100 queries of 30 tokens over a
+100-sentence document, forward + backward in float32, per token: 20 / 34 /
+64 ms for K = 8 / 16 / 32 against 42 ms for the previous version.
 
 Decoder integration / incremental decoding: queries are independent per
 position and the module keeps no state across steps, so a decoder computes
@@ -359,6 +366,25 @@ class _GatheredValues(torch.autograd.Function):
         return ga, (gv.to(vf.dtype) if gv is not None else None), None, None
 
 
+class _GatherRows(torch.autograd.Function):
+    """``x[rows]`` whose backward accumulates (``index_add``) in float32 at
+    least (autograd's own accumulates in ``x``'s dtype, float16 under
+    ``--fp16``, with one addition per query sentence of a document)."""
+
+    @staticmethod
+    def forward(ctx, x, rows):
+        ctx.save_for_backward(rows)
+        ctx.shape, ctx.dtype = x.shape, x.dtype
+        return x[rows]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (rows,) = ctx.saved_tensors
+        acc = grad.new_zeros(ctx.shape, dtype=torch.promote_types(ctx.dtype, torch.float32))
+        acc.index_add_(0, rows.reshape(-1), grad.reshape(-1, *ctx.shape[1:]).to(acc.dtype))
+        return acc.to(ctx.dtype), None
+
+
 @dataclass
 class ProjectedMemory:
     """Output of :meth:`HierarchicalContextAttention.project_memory`: the
@@ -412,6 +438,11 @@ class HierarchicalContextAttention(nn.Module):
             scores by the signed sentence distance clipped to ``[-N, N]``
             (beyond the paper, see the module docstring); 0 (default): off.
         word_capacity: ``K`` of the selective path (see the module docstring).
+        dense_elems: the word level gathers each query sentence's document
+            words once (``B x S_max x L x C`` elements, batched GEMMs over its
+            tokens) while that is at most this many elements and moves less
+            than gathering ``K`` sentences per token; else per token (see the
+            module docstring).
 
     Shapes: ``query`` ``T x B x C``; ``query_doc``/``query_pos`` ``(B,)`` long;
     ``mem_keys`` ``S x L x kdim``, ``mem_values`` ``S x L x vdim``,
@@ -424,7 +455,7 @@ class HierarchicalContextAttention(nn.Module):
                  selective: bool = True, attention_dropout: float = 0.0,
                  kdim: Optional[int] = None, vdim: Optional[int] = None,
                  chunk_elems: int = 1 << 25, sentence_distance: int = 0,
-                 word_capacity: int = WORD_CAPACITY):
+                 word_capacity: int = WORD_CAPACITY, dense_elems: int = 1 << 28):
         super().__init__()
         if attention not in ATTENTION_TYPES:
             raise ValueError(f"attention: expected one of {ATTENTION_TYPES}, got {attention!r}")
@@ -448,6 +479,7 @@ class HierarchicalContextAttention(nn.Module):
         self.selective = selective
         self.chunk_elems = int(chunk_elems)
         self.word_capacity = int(word_capacity)
+        self.dense_elems = int(dense_elems)
         self.uses_sentences = attention in ("hierarchical", "flat-sentence")
         self.uses_words = attention in ("hierarchical", "flat-word")
         self.sentence_distance = int(sentence_distance)
@@ -699,6 +731,24 @@ class HierarchicalContextAttention(nn.Module):
             scores = scores + bias
         return masked_normalize(scores, vis[:, None, None, :], kind)
 
+    def _per_query_words(self, T: int, B: int, s_max: int, k: int, L: int) -> bool:
+        """The word level's formulation, chosen from shapes only (no read):
+        per query sentence (its document's words gathered once, ``B x S_max x
+        L x C``, shared by its ``T`` tokens) when that fits ``dense_elems``
+        and moves no more than gathering ``k`` sentences per token
+        (``S_max <= T k``); else per token (:class:`_GatheredScores`)."""
+        return B * s_max * L * self.embed_dim <= self.dense_elems and s_max <= T * k
+
+    def _doc_word_scores(self, q_w: Tensor, memory: ProjectedMemory, rows: Tensor) -> Tensor:
+        """``q_w`` (``T x B x H x d``) against every word of each query's
+        document: ``B x H x T x S_max x L`` (one batched GEMM per query and head)."""
+        return torch.einsum("tbhd,bshld->bhtsl", q_w, _GatherRows.apply(memory.k_w, rows))
+
+    def _doc_read_values(self, alpha: Tensor, memory: ProjectedMemory, rows: Tensor) -> Tensor:
+        """``alpha`` (``B x H x T x S_max x L``) times the values of each query's
+        document: ``T x B x H x d``."""
+        return torch.einsum("bhtsl,bshld->tbhd", alpha, _GatherRows.apply(memory.v_w, rows))
+
     def _word_chunk(self, k: int, L: int) -> int:
         return max(1, self.chunk_elems // max(1, k * L * self.head_dim))
 
@@ -733,9 +783,24 @@ class HierarchicalContextAttention(nn.Module):
         s_max = rows.size(1)
         alpha_s = self._sentence_weights(qs, memory, rows, vis, bias, self.sentence_attn)
         support = (alpha_s != 0).detach()  # B x H x T x S_max
+        capped = self.selective and self.sentence_attn == "sparsemax" \
+            and self.word_capacity < s_max
+        if self._per_query_words(T, B, s_max, self.word_capacity if capped else s_max,
+                                 memory.max_len):
+            # every sentence of the document, masked to the support: exact, no capacity
+            scores = self._doc_word_scores(qw, memory, rows)  # B x H x T x S_max x L
+            mask = memory.word_mask[rows].view(B, 1, 1, s_max, -1) & support.unsqueeze(-1)
+            alpha_w = masked_normalize(scores, mask, self.word_attn)  # Eq. 4
+            alpha = alpha_w * alpha_s.unsqueeze(-1)  # Eq. 5
+            out = self._doc_read_values(self.dropout_module(alpha), memory, rows)
+            st = None
+            if want_stats:
+                st = self._stats(vis, tok, support, (alpha_w != 0).sum(-1),
+                                 torch.zeros_like(support[..., 0]))
+            return out, alpha_s, (alpha.detach() if want_word_w else None), st
         rows_bhts = rows.view(B, 1, 1, s_max).expand(B, H, T, s_max)
         overflow = None
-        if self.selective and self.sentence_attn == "sparsemax" and self.word_capacity < s_max:
+        if capped:
             a_sel, idx = alpha_s.topk(self.word_capacity, dim=-1)  # B x H x T x K
             sel = rows_bhts.gather(-1, idx)
             overflow = support.sum(-1) > self.word_capacity
@@ -774,14 +839,19 @@ class HierarchicalContextAttention(nn.Module):
                    bias: Optional[Tensor] = None):
         T, B, H, _ = qw.shape
         s_max, L = rows.size(1), memory.max_len
-        sel = rows.view(B, 1, 1, s_max).expand(B, H, T, s_max)
-        scores, g = self._word_scores(qw, memory, sel)
+        per_query = self._per_query_words(T, B, s_max, s_max, L)
+        if per_query:
+            scores = self._doc_word_scores(qw, memory, rows)
+        else:
+            sel = rows.view(B, 1, 1, s_max).expand(B, H, T, s_max)
+            scores, g = self._word_scores(qw, memory, sel)
         if bias is not None:  # the sentence's bias on every word of it
             scores = scores + bias.unsqueeze(-1)
         mask = (vis.unsqueeze(-1) & memory.word_mask[rows]).view(B, 1, 1, s_max * L)
         alpha = masked_normalize(scores.reshape(B, H, T, s_max * L), mask, "softmax")  # Eq. 6
         alpha = alpha.view(B, H, T, s_max, L)
-        out = self._read_values(self.dropout_module(alpha), memory, g)
+        out = (self._doc_read_values(self.dropout_module(alpha), memory, rows) if per_query
+               else self._read_values(self.dropout_module(alpha), memory, g))
         alpha_sent = alpha.sum(-1)
         st = None
         if want_stats:
