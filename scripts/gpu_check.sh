@@ -19,7 +19,9 @@
 # $OUT/gpu_check.tgz (every phase's full output: phase1_cuda.txt, phase2_suite.txt,
 # phase2_junit.xml, bench_*.json, bench.log), re-made after every phase so that a run cut short
 # still returns what it did.
-# Environment: GPU_CHECK_PHASES (default "1 2 3"), GPU_CHECK_BUDGET (seconds),
+# Environment: GPU_CHECK_PHASES (default "1 2 3"), GPU_CHECK_BUDGET (seconds), the phases'
+# caps PHASE1_CAP, PHASE2_CAP, BENCH_CAP (each precision), SEL_CAP (each selective run) and
+# pytest-xdist workers PHASE1_N, PHASE2_N (e.g. to run phases 1 and 2 side by side),
 # GPU_CHECK_DRY=1: a dry run on a CPU-only machine (tiny bench shapes on the CPU, fp32 only;
 # phase 2 a small part of the suite, PHASE2_TESTS; no -n without pytest-xdist).
 set -u
@@ -110,8 +112,8 @@ for phase in $PHASES; do
 case $phase in
 1)
     # shellcheck disable=SC2046
-    run_phase "phase 1: CUDA tests" 200 "$WORK/phase1_cuda.txt" \
-        env OMP_NUM_THREADS=1 "$PY" -m pytest -m cuda $(pytest_n 8) "${PYTEST_OPTS[@]}" \
+    run_phase "phase 1: CUDA tests" "${PHASE1_CAP:-200}" "$WORK/phase1_cuda.txt" \
+        env OMP_NUM_THREADS=1 "$PY" -m pytest -m cuda $(pytest_n "${PHASE1_N:-8}") "${PYTEST_OPTS[@]}" \
         --junitxml="$WORK/phase1_junit.xml"
     [ -f "$WORK/phase1_cuda.txt" ] && failures "$WORK/phase1_cuda.txt"
     ;;
@@ -122,8 +124,8 @@ case $phase in
         SUITE=(-m "not slow and not cuda")
     fi
     # shellcheck disable=SC2046
-    run_phase "phase 2: default suite" 240 "$WORK/phase2_suite.txt" \
-        env OMP_NUM_THREADS=1 "$PY" -m pytest $(pytest_n 14) "${PYTEST_OPTS[@]}" \
+    run_phase "phase 2: default suite" "${PHASE2_CAP:-240}" "$WORK/phase2_suite.txt" \
+        env OMP_NUM_THREADS=1 "$PY" -m pytest $(pytest_n "${PHASE2_N:-14}") "${PYTEST_OPTS[@]}" \
         --junitxml="$WORK/phase2_junit.xml" "${SUITE[@]}"
     [ -f "$WORK/phase2_suite.txt" ] && failures "$WORK/phase2_suite.txt"
     ;;
@@ -144,7 +146,7 @@ case $phase in
         SEL1000=(--max-tokens 40000 --doc-batch last --doc-len 1000 --infer-sentences 0)
         INFER=(--infer-sentences 16)
     fi
-    MAIN=transformer,transformer_context_aware,transformer_dc,transformer_dc_dec,transformer_dc_full,transformer_hybrid,transformer_doc_zhang2018,transformer_han
+    MAIN=transformer,transformer_concat,transformer_context_aware,transformer_dc,transformer_dc_dec,transformer_dc_full,transformer_hybrid,transformer_doc_zhang2018,transformer_han
     bench() {  # bench NAME CAP ARGS...: ctx-bench --json into bench_NAME.json, log into bench.log
         local name=$1 cap=$2
         shift 2
@@ -157,11 +159,11 @@ case $phase in
             pack
         fi
     }
-    bench fp32 150 --archs "$MAIN" --doc-len 2 "${SHAPE[@]}" "${INFER[@]}"
-    bench fp16 150 --archs "$MAIN" --doc-len 2 "${SHAPE[@]}" "${INFER[@]}" "${FP16[@]}"
-    bench selective100 90 --archs transformer_selective_doc "${SHAPE[@]}" "${FP16[@]}" \
+    bench fp32 "${BENCH_CAP:-150}" --archs "$MAIN" --doc-len 2 "${SHAPE[@]}" "${INFER[@]}"
+    bench fp16 "${BENCH_CAP:-150}" --archs "$MAIN" --doc-len 2 "${SHAPE[@]}" "${INFER[@]}" "${FP16[@]}"
+    bench selective100 "${SEL_CAP:-90}" --archs transformer_selective_doc "${SHAPE[@]}" "${FP16[@]}" \
         "${SEL100[@]}"
-    bench selective1000 120 --archs transformer_selective_doc "${SHAPE[@]}" "${FP16[@]}" \
+    bench selective1000 "${SEL_CAP:-120}" --archs transformer_selective_doc "${SHAPE[@]}" "${FP16[@]}" \
         "${SEL1000[@]}"
     ;;
 *)
