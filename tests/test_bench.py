@@ -164,3 +164,44 @@ def test_cpu_peak_does_not_depend_on_the_models_measured_before(capsys):
     for arch in first:
         assert first[arch] == pytest.approx(second[arch], rel=0.08)
     assert first["transformer"] < first[wide]
+
+
+def test_document_memory_beam_search_over_fewer_sentences_than_the_batch(capsys):
+    """``--infer-sentences`` below the batch size with a document-memory model
+    (it crashed: the first ``n`` queries were kept with the whole batch's
+    ``mem_state_index``/``mem_extra_rows``, "INDICES element is out of DATA
+    bounds"). The recomputed indices equal the collater's on the whole batch,
+    and the encoder's output for the first ``n`` sentences equals the whole
+    batch's first ``n`` rows (the queries left out are encoded as memory rows)."""
+    import numpy as np
+    import torch
+
+    from ctx_fairseq.models.transformer_selective_doc import memory_state_index
+
+    args = ["--layers", "1", "--embed-dim", "16", "--heads", "2", "--ffn-dim", "32",
+            "--vocab", "64", "--src-len", "6", "--tgt-len", "5", "--doc-len", "10",
+            "--max-tokens", "200", "--beam", "2", "--repeats", "1", "--train-steps", "1",
+            "--warmup", "0", "--threads", "1"]
+    b = bench.Bench(bench.get_parser().parse_args([*args, "--infer-sentences", "3"]))
+    arch = ["--context-memory", "shared"]  # no stage-1 checkpoint here: memory with gradients
+    model, task, _ = b.build("transformer_selective_doc", arch)
+    ni = b.document_sample(task, seed=1)["net_input"]
+    B, S = ni["src_tokens"].size(0), ni["mem_src_tokens"].size(0)
+    # queries left out that the memory holds: they become memory rows of their own
+    assert 3 < B and ni["query_mem_row"][3:].ge(0).any()
+    source, extra = memory_state_index(ni["query_mem_row"].numpy(), S)
+    assert np.array_equal(source, ni["mem_state_index"].numpy())
+    assert np.array_equal(extra, ni["mem_extra_rows"].numpy())
+    cut = b.infer_net_input(ni, 3)
+    assert cut["src_tokens"].size(0) == 3 and cut["mem_src_tokens"].size(0) == S
+    assert int(cut["mem_state_index"].max()) < 3 + cut["mem_extra_rows"].numel()
+    model.eval()
+    with torch.no_grad():
+        full = model.encoder(**{k: v for k, v in ni.items() if k != "prev_output_tokens"})
+        part = model.encoder(**cut)
+    assert torch.allclose(part["encoder_out"][0], full["encoder_out"][0][:, :3], atol=1e-5)
+
+    report = run_json(capsys, ["--archs", "transformer_selective_doc[--context-memory shared]",
+                               *args, "--infer-sentences", "3"])
+    sel = report["results"][-1]
+    assert sel["infer_sentences_per_s"] > 0 and sel["infer_ratio"] is not None

@@ -346,6 +346,35 @@ class Bench:
         entry["counted_ops_s"] = counted_us / 1e6
         return (resident + peak) / 2 ** 20
 
+    @staticmethod
+    def infer_net_input(ni: Dict, n: int) -> Dict:
+        """The inputs of the beam search over the first ``n`` sentences of a
+        training batch's ``net_input`` (no ``prev_output_tokens``): the
+        per-sentence inputs cut to ``n`` rows; a document memory stays whole,
+        and where its rows' states come from (``mem_state_index``,
+        ``mem_extra_rows``, which index the batch's queries) is recomputed for
+        the ``n`` queries on the host
+        (:func:`ctx_fairseq.models.transformer_selective_doc.memory_state_index`):
+        the queries left out become memory rows encoded as such. Preparation,
+        outside the timed part."""
+        out = {"src_tokens": ni["src_tokens"][:n], "src_lengths": ni["src_lengths"][:n]}
+        memory = "mem_src_tokens" in ni
+        for k, v in ni.items():  # document models may carry context inputs
+            if k in ("src_tokens", "src_lengths", "prev_output_tokens"):
+                continue
+            # per-sentence inputs follow the first n sentences; a document memory stays whole
+            per_sentence = not memory or k.startswith("query_")
+            out[k] = v[:n] if torch.is_tensor(v) and per_sentence else v
+        if memory and "mem_state_index" in ni:
+            from ctx_fairseq.models.transformer_selective_doc import memory_state_index
+
+            source, extra = memory_state_index(ni["query_mem_row"][:n].cpu().numpy(),
+                                               ni["mem_src_tokens"].size(0))
+            dev = ni["query_mem_row"].device
+            out["mem_state_index"] = torch.from_numpy(source).to(dev)
+            out["mem_extra_rows"] = torch.from_numpy(extra).to(dev)
+        return out
+
     @torch.no_grad()
     def infer(self, entry, count_flops: bool = False) -> float:
         from fairseq.sequence_generator import SequenceGenerator
@@ -372,7 +401,7 @@ class Bench:
                 [model], entry["task"].target_dictionary, beam_size=a.beam,
                 max_len_a=0, max_len_b=a.tgt_len, min_len=a.tgt_len,
             )
-        sample = {"net_input": {"src_tokens": ni["src_tokens"][:n], "src_lengths": ni["src_lengths"][:n]}}
+        sample = {}
         if prefix is not None:
             sample.update(target_prefix=prefix, target_prefix_len=plen,
                           id=torch.arange(n, device=prefix.device))
@@ -384,13 +413,7 @@ class Bench:
 
             return ForcedPrefixes(gen, sample, sample["target_prefix_len"].tolist())
 
-        memory = "mem_src_tokens" in ni
-        for k, v in ni.items():  # document models may carry context inputs
-            if k in ("src_tokens", "src_lengths", "prev_output_tokens"):
-                continue
-            # per-sentence inputs follow the first n sentences; a document memory stays whole
-            per_sentence = not memory or k.startswith("query_")
-            sample["net_input"][k] = v[:n] if torch.is_tensor(v) and per_sentence else v
+        sample["net_input"] = self.infer_net_input(ni, n)
         if count_flops:
             from ctx_fairseq.flops import FlopCounter
 

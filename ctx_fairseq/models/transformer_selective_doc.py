@@ -180,7 +180,8 @@ from ctx_fairseq.modules.sentence_cache import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TransformerSelectiveDocModel", "SelectiveDocEncoder", "SelectiveDocDecoder"]
+__all__ = ["TransformerSelectiveDocModel", "SelectiveDocEncoder", "SelectiveDocDecoder",
+           "memory_state_index"]
 
 MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "mem_doc",
                "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
@@ -245,18 +246,33 @@ def _cut(width: int, n: int, left_pad: bool) -> slice:
     return slice(width - n, width) if left_pad else slice(0, n)
 
 
-def _state_index(query_mem_row: Tensor, S: int) -> Tuple[Tensor, Tensor]:
-    """What the collater gives as ``mem_state_index``/``mem_extra_rows`` (see
-    ``DocumentContextDataset.collate_memory``), computed from ``query_mem_row``
-    for inputs built without them (one host read per batch)."""
-    row = query_mem_row.cpu()
-    source = torch.full((S,), -1, dtype=torch.long)
-    qb = (row >= 0).nonzero().squeeze(1)
+def memory_state_index(query_mem_row, S: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``mem_state_index`` (``S``) and ``mem_extra_rows`` (``E``) of a batch
+    from its ``query_mem_row`` (``B``, the memory row holding each query
+    sentence, -1 if none) and its number of memory rows ``S``, on the host
+    (numpy): memory row ``s``'s encoder states are column
+    ``mem_state_index[s]`` of the batch's query encodings (``0..B-1``)
+    followed by those of the memory rows ``mem_extra_rows`` (the memory
+    sentences that are no query of the batch, ``B..B+E-1``), see
+    ``DocumentContextDataset.collate_memory``. For whoever changes a batch's
+    queries after collation (ctx-bench keeps the first ``n`` sentences of a
+    collated batch and its whole memory)."""
+    row = np.asarray(query_mem_row, dtype=np.int64)
+    source = np.full(S, -1, dtype=np.int64)
+    qb = np.flatnonzero(row >= 0)
     source[row[qb]] = qb
-    extra = (source < 0).nonzero().squeeze(1)
-    source[extra] = row.numel() + torch.arange(extra.numel())
+    extra = np.flatnonzero(source < 0)
+    source[extra] = len(row) + np.arange(len(extra), dtype=np.int64)
+    return source, extra.astype(np.int64)
+
+
+def _state_index(query_mem_row: Tensor, S: int) -> Tuple[Tensor, Tensor]:
+    """What the collater gives as ``mem_state_index``/``mem_extra_rows``,
+    computed from ``query_mem_row`` for inputs built without them (one host
+    read per batch), see :func:`memory_state_index`."""
+    source, extra = memory_state_index(query_mem_row.cpu().numpy(), S)
     dev = query_mem_row.device
-    return source.to(dev), extra.to(dev)
+    return torch.from_numpy(source).to(dev), torch.from_numpy(extra).to(dev)
 
 
 def _row_chunks(n: int, width: int, chunk_tokens: int) -> List[Tuple[int, int]]:
