@@ -338,6 +338,30 @@ def test_bad_input_stops_the_prep_step(tmp_path):
     assert not (work / "smoke" / "docs").exists() and not (work / "smoke" / ".done" / "prep").exists()
 
 
+def test_download_clones_the_repository_and_fails_cleanly(tmp_path):
+    """The download step clones TVSUB_URL (here a local repository in the
+    corpus's layout) and the data steps read the clone; a URL that cannot be
+    cloned is an error that leaves nothing behind."""
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=3)
+    git = ["git", "-C", root, "-c", "user.email=t@t", "-c", "user.name=t"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "tvsub"]):
+        assert subprocess.run(git + cmd).returncode == 0
+    work = tmp_path / "w"
+    r = run(["--workdir", str(work)], env={"TVSUB_URL": str(tmp_path / "nope"), "UNTIL": "data"})
+    assert r.returncode == 1 and "cannot clone" in r.stderr and "--raw DIR" in r.stderr
+    assert not (work / "raw").exists() and not (work / "raw.part").exists()
+    assert not (work / ".done" / "download").exists()
+    r = run(["--workdir", str(work)], env={"TVSUB_URL": root, "UNTIL": "data", "EPISODES": "0:3",
+                                           "BPE_MERGES": "50"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "evaluating on the test set: 18 sentences, 3 reference(s)" in r.stderr
+    assert len((work / "raw" / ".tvsub-revision").read_text().strip()) == 40
+    assert (work / "data-bin" / "test.docids").read_text().split()[0] == "test-SUB01"
+    dict_lines = (work / "data-bin" / "dict.zh.txt").read_text().splitlines()
+    assert any(line.startswith("<brk> ") for line in dict_lines)
+    assert (work / "data-bin" / "dict.en.txt").read_text() == (work / "data-bin" / "dict.zh.txt").read_text()
+
+
 @pytest.mark.slow
 def test_smoke_end_to_end(tmp_path):
     """Every model on tiny synthetic episodes: the test set's 3 references,

@@ -198,16 +198,17 @@ for _m in "${MODEL_LIST[@]}"; do tvsub_model_spec "$_m"; done
 
 # ------------------------------------------------------------------------------ data
 
+# download URL [REF]: git clone (of REF) into $WORK/raw, whole or not at all
 download() {
-    local part="$WORK/raw.part"
-    command -v git > /dev/null || die "git is needed to clone $TVSUB_URL"
+    local url=$1 ref=${2:-} part="$WORK/raw.part"
+    command -v git > /dev/null || die "git is needed to clone $url"
     rm -rf "$part"
-    if ! git clone --quiet ${TVSUB_REF:+--no-checkout} "$TVSUB_URL" "$part"; then
+    if ! git clone --quiet ${ref:+--no-checkout} "$url" "$part"; then
         rm -rf "$part"
-        die "cannot clone $TVSUB_URL (no network?). Clone it by hand, or extract an archive of it, and give it with --raw DIR"
+        die "cannot clone $url (no network?). Clone it by hand, or extract an archive of it, and give it with --raw DIR"
     fi
-    if [ -n "$TVSUB_REF" ]; then
-        git -C "$part" checkout --quiet "$TVSUB_REF" || { rm -rf "$part"; die "$TVSUB_URL: no revision $TVSUB_REF"; }
+    if [ -n "$ref" ]; then
+        git -C "$part" checkout --quiet "$ref" || { rm -rf "$part"; die "$url: no revision $ref"; }
     fi
     git -C "$part" rev-parse HEAD > "$part/.tvsub-revision"
     rm -rf "$WORK/raw"
@@ -222,11 +223,6 @@ prep() {
     "$PY" -c 'import sys; from ctx_fairseq.data.prep_tvsub import main; main(sys.argv[1:])' \
         prep --raw "$raw" --out "$WORK/docs" --episodes "$EPISODES" --eval-split "$EVAL_SPLIT" \
         "${extra[@]}"
-}
-
-# bpe_tvsub: joint subword-nmt BPE over the published units (no re-tokenization)
-bpe_tvsub() {
-    ctx_bpe_joint "$BPE_MERGES" "$L1" "$L2" "$WORK/docs" "$WORK/bpe"
 }
 
 # binarize: one joined dictionary with <brk> (the concatenation baseline's
@@ -259,8 +255,6 @@ fairseq-train() {
     fi
 }
 
-train_sentence() { train "$WORK/data-bin" "$WORK/checkpoints/sentence" "${SENT_TRAIN[@]}"; }
-
 # train_model NAME INIT ARGS...: stage 2 of NAME (INIT: init-from | finetune | scratch)
 train_model() {
     local name=$1 init=$2 ckpt
@@ -273,15 +267,16 @@ train_model() {
     esac
 }
 
-# translate_model NAME ITER ARGS...: the test split to $WORK/generate/NAME.txt
+# translate_model NAME ITER BEAM ARGS...: the test split to $WORK/generate/NAME.txt
 translate_model() {
-    local name=$1 iter=$2
-    shift 2
+    local name=$1 iter=$2 beam=$3
+    shift 3
+    step_reads GEN_EXTRA  # read by ctx_iterative_translate and generate
     if [ "$iter" = 1 ]; then
         ctx_iterative_translate "$name" "$WORK/data-bin" "$WORK/checkpoints/$name" \
-            "$WORK/checkpoints/sentence" test "$BEAM" "$@"
+            "$WORK/checkpoints/sentence" test "$beam" "$@"
     else
-        ctx_translate "$name" "$WORK/data-bin" "$WORK/checkpoints/$name" test --beam "$BEAM" "$@"
+        ctx_translate "$name" "$WORK/data-bin" "$WORK/checkpoints/$name" test --beam "$beam" "$@"
     fi
 }
 
@@ -298,17 +293,16 @@ score_model() {
     log "$name: $(grep -m1 '^BLEU (all' "$out/bleu.log")"
 }
 
-# cxmi_model NAME ARGS...: ctx-cxmi (true against shuffled context) on the test split
+# cxmi_model NAME MAX_TOKENS: ctx-cxmi (true against shuffled context) on the test split
 cxmi_model() {
-    local name=$1 ckpt
-    shift
+    local name=$1 max_tokens=$2 ckpt
     ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
     cuda_args
     local dev=(--cpu)
     [ ${#CUDA_ARGS[@]} -gt 0 ] && dev=()
     ctx_logged "$WORK/results/$name/cxmi.log" ctx-cxmi --path "$ckpt" --data "$WORK/data-bin" \
         --split test --out "$WORK/results/$name/cxmi" --conditions shuffled \
-        --max-tokens "$MAX_TOKENS" --lang "$L2" "${dev[@]}"
+        --max-tokens "$max_tokens" --lang "$L2" "${dev[@]}"
 }
 
 # report: results.md and results.json (every model of this run with results)
@@ -321,7 +315,7 @@ report() {
 
 # -------------------------------------------------------------------------- steps
 
-if [ -z "$RAW" ]; then step download download; fi
+if [ -z "$RAW" ]; then step download download "$TVSUB_URL" "$TVSUB_REF"; fi
 step prep prep
 "$PY" - "$WORK/docs/prep.json" <<'PYEOF'
 import json, sys
@@ -331,14 +325,15 @@ note = "" if s["eval_split"] == "test" else " (the input has no test set)"
 print(f"[tvsub_zh_en] evaluating on the {s['eval_split']} set: {t['sentences']} sentences, "
       f"{t['references']} reference(s){note}", file=sys.stderr)
 PYEOF
-step bpe bpe_tvsub
+# joint subword-nmt BPE over the published units (no re-tokenization)
+step bpe ctx_bpe_joint "$BPE_MERGES" "$L1" "$L2" "$WORK/docs" "$WORK/bpe"
 step binarize binarize
 if [ "${UNTIL:-}" = data ]; then
     log "UNTIL=data: the data are ready in $WORK/data-bin; stopping before training"
     exit 0
 fi
 log "models: transformer (stage 1) then ${MODEL_LIST[*]} ($MODE mode)"
-step train_sentence train_sentence
+step train_sentence train "$WORK/data-bin" "$WORK/checkpoints/sentence" "${SENT_TRAIN[@]}"
 for m in "${MODEL_LIST[@]}"; do
     tvsub_model_spec "$m"
     if [ "$M_INIT" = scratch ]; then
@@ -350,13 +345,13 @@ for m in "${MODEL_LIST[@]}"; do
             "${M_MODEL[@]}" "${M_CRIT[@]}" "${DOC_COMMON[@]}"
     fi
 done
-step translate_sentence translate_model sentence 0 --task translation "${GEN[@]}"
+step translate_sentence translate_model sentence 0 "$BEAM" --task translation "${GEN[@]}"
 step score_sentence score_model sentence
 for m in "${MODEL_LIST[@]}"; do
     tvsub_model_spec "$m"
-    step "translate_$m" translate_model "$m" "$M_ITER" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
+    step "translate_$m" translate_model "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
     step "score_$m" score_model "$m"
-    if [ "$M_CXMI" = 1 ]; then step "cxmi_$m" cxmi_model "$m"; fi
+    if [ "$M_CXMI" = 1 ]; then step "cxmi_$m" cxmi_model "$m" "$MAX_TOKENS"; fi
 done
 report
 log "done: $WORK/results/results.md"
