@@ -28,7 +28,23 @@ ablation: ``shuffled`` takes each sentence's context from another, random
 document position (the context that position really has, so a sentence with
 real context gets non-empty context), ``random`` replaces every context word
 by a random vocabulary token (sentence lengths and separators kept). Both are
-deterministic for a seed.
+deterministic for a seed. With a document memory (``document_memory``),
+``shuffled`` gives each document the memory of another document (as many
+sentences from its start; :meth:`DocumentContextDataset._memory_donors`) and
+``random`` memory sentences of random tokens, the query itself encoded from
+its own tokens in both.
+
+Context and CoWord dropout (Fernandes et al. 2021, Sec. 5; training split
+only, :meth:`DocumentContextDataset.dropout_draws`): with probability
+``context_dropout`` a sentence's whole context is dropped, exactly the empty
+context a document's first sentence gets (empty ``src_ctx``/``tgt_ctx`` rows;
+with a document memory ``query_doc = -1``: no memory sentence is visible);
+with probability ``coword_dropout`` each word of the current source is
+replaced by ``<unk>`` (special symbols, the final ``</s>`` among them, kept;
+a document memory keeps the real sentence). Draws come from a generator per
+(seed, epoch, sentence), so they do not depend on the batching. Batch sizes
+count the undropped context: dropping only shrinks a batch (with CoWord
+dropout and a shared memory, a query's memory row is counted apart).
 
 Document batching (:meth:`DocumentContextDataset.batch_by_size` when
 ``document_batching`` is on) makes batches of whole consecutive documents
@@ -302,7 +318,8 @@ class DocumentContextDataset(FairseqDataset):
                  max_src_context_tokens: Optional[int] = None,
                  max_tgt_context_tokens: Optional[int] = None, docids_path: str = "<docids>",
                  document_memory: bool = False, memory_precomputed: bool = False,
-                 context_layout=None):
+                 context_layout=None, context_dropout: float = 0.0,
+                 coword_dropout: float = 0.0):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
@@ -340,8 +357,12 @@ class DocumentContextDataset(FairseqDataset):
         if self.document_memory and document_context == "none":
             raise ValueError("--document-memory needs --document-context online|offline (which "
                              "sentences of the document a sentence may see)")
-        if self.document_memory and ablation != "none":
-            raise ValueError("--document-memory: --context-ablation is not supported yet")
+        for name, v in (("--context-dropout", context_dropout),
+                        ("--coword-dropout", coword_dropout)):
+            if v is None or not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {v!r}")
+        #: training only (the task gives them to the split fairseq-train trains on)
+        self.context_dropout, self.coword_dropout = float(context_dropout), float(coword_dropout)
         self.document_batching = bool(document_batching) or document_context != "none"
         self.eos = self.src_dict.eos()
         self.separator = self.eos if separator is None else int(separator)
@@ -380,6 +401,9 @@ class DocumentContextDataset(FairseqDataset):
             else:
                 self.full_windows[side] = _ranges(s_start, s_end, k, direction)
         self.donor = self._shuffled_donors() if ablation == "shuffled" else None
+        #: document memory, shuffled ablation: per document the document whose memory it reads
+        self.memory_donor = (self._memory_donors() if self.document_memory
+                             and ablation == "shuffled" else None)
         self.context_layout = {"src": "concatenated", "tgt": "concatenated"}
         self.set_context_layout(context_layout)
         self.refresh_context_lengths()
@@ -576,6 +600,71 @@ class DocumentContextDataset(FairseqDataset):
         donor = eligible[pick].astype(np.int64)
         return np.where(count > 0, donor, np.arange(n, dtype=np.int64))
 
+    def _memory_donors(self) -> np.ndarray:
+        """Document memory, shuffled ablation: for each document the other
+        document whose memory stands in for its own, uniform over the
+        documents long enough to give every sentence as many visible memory
+        sentences as its own document does (online: at least ``n - 1``
+        sentences, ``n`` the document's length; offline: at least ``n``),
+        the longest other documents where none is; deterministic for the
+        seed, independent of batching. A one-sentence document (no sentence
+        has context) keeps its own memory, as the per-sentence ablation keeps
+        a sentence without context empty."""
+        n_docs = len(self.doc_start)
+        rng = np.random.default_rng([self.seed % (1 << 63), 7919, 2])
+        u = rng.random(n_docs)
+        lens = self.doc_len
+        need = lens - 1 if self.document_context == "online" else lens
+        order = np.argsort(lens, kind="stable")
+        sorted_lens = lens[order]
+        rank = np.empty(n_docs, dtype=np.int64)
+        rank[order] = np.arange(n_docs)
+        donor = np.arange(n_docs, dtype=np.int64)
+        if n_docs < 2:
+            if n_docs and lens[0] > 1:
+                logger.warning("shuffled document memory: only one document; it keeps its own "
+                               "memory")
+            return donor
+        for d in range(n_docs):
+            if lens[d] <= 1:
+                continue
+            # candidates: order[lo:] (d among them, as its length >= its need)
+            lo = int(np.searchsorted(sorted_lens, need[d], side="left"))
+            count = n_docs - lo - 1
+            if count == 0:  # d alone is long enough: the longest of the others
+                lo = int(np.searchsorted(sorted_lens, sorted_lens[-2], side="left"))
+                count = n_docs - 1 - lo  # (d is last in the order)
+            k = lo + min(int(u[d] * count), count - 1)
+            if k >= rank[d]:
+                k += 1
+            donor[d] = order[k]
+        return donor
+
+    def dropout_draws(self, index: int, tokens=None):
+        """Context and CoWord dropout of sentence ``index`` this epoch:
+        ``(context dropped, mask)``, ``mask`` (bool, one per token of its
+        source ``tokens``, by default the binarized source; None without
+        CoWord dropout) marking the tokens replaced by ``<unk>``: a word with
+        probability ``coword_dropout``, never a special symbol (the final
+        ``</s>`` among them). Drawn from a generator of its own, seeded by the
+        seed, the epoch and the index (``numpy.random.default_rng([seed,
+        epoch, index, 271828])``): reproducible, independent of the batching
+        and its order, new every epoch. ``(False, None)`` when both are off
+        (every split but the one fairseq-train trains on)."""
+        if not self.context_dropout and not self.coword_dropout:
+            return False, None
+        rng = np.random.default_rng([self.seed % (1 << 63), int(self.epoch), int(index), 271828])
+        drop = bool(rng.random() < self.context_dropout)
+        if not self.coword_dropout:
+            return drop, None
+        toks = np.asarray(self.base.src[index] if tokens is None else tokens)
+        return drop, (rng.random(len(toks)) < self.coword_dropout) & \
+            (toks >= self.src_dict.nspecial)
+
+    @property
+    def dropout_active(self) -> bool:
+        return bool(self.context_dropout or self.coword_dropout)
+
     def context_indices(self, index: int, side: str = "src") -> List[int]:
         """Corpus indices of the context sentences of ``index`` (in order),
         after truncation (a partially kept sentence is included)."""
@@ -651,12 +740,22 @@ class DocumentContextDataset(FairseqDataset):
     # ------------------------------------------------------------ FairseqDataset
     def __getitem__(self, index):
         item = self.base[index]
+        drop, mask = False, None
+        if self.dropout_active:  # training split only
+            src = item["source"]
+            drop, mask = self.dropout_draws(index, src.numpy())
+            if mask is not None and mask.any():
+                item["source"] = src.masked_fill(torch.from_numpy(mask), self.src_dict.unk())
+            item["ctx_dropped"] = drop
+            item["coword_masked"] = bool(mask is not None and mask.any())
+        empty = torch.empty(0, dtype=torch.long)
         if "src" in self.windows:
-            item["src_ctx"] = self.context_tokens(index, "src")
+            item["src_ctx"] = empty if drop else self.context_tokens(index, "src")
             if self.document_context != "none":
-                item["src_ctx_offsets"] = self.context_sent_offsets(index, "src")
+                item["src_ctx_offsets"] = empty if drop else \
+                    self.context_sent_offsets(index, "src")
         if "tgt" in self.windows:
-            item["tgt_ctx"] = self.context_tokens(index, "tgt")
+            item["tgt_ctx"] = empty if drop else self.context_tokens(index, "tgt")
         return item
 
     def __len__(self):
@@ -730,7 +829,11 @@ class DocumentContextDataset(FairseqDataset):
             if side in self.windows:
                 ni.update(self.collate_context([s[f"{side}_ctx"] for s in ordered], side))
         if self.document_memory:
-            ni.update(self.collate_memory(ids))
+            dropped = masked = None
+            if self.dropout_active:
+                dropped = np.array([bool(s.get("ctx_dropped")) for s in ordered])
+                masked = np.array([bool(s.get("coword_masked")) for s in ordered])
+            ni.update(self.collate_memory(ids, dropped=dropped, masked=masked))
         if "src" in self.windows and self.document_context != "none":
             offs = data_utils.collate_tokens([s["src_ctx_offsets"] for s in ordered], 0, 0,
                                              left_pad=self.left_pad_source, pad_to_length=1,
@@ -744,21 +847,86 @@ class DocumentContextDataset(FairseqDataset):
         :meth:`collate_memory`): ``(docs, mem)``, the batch's documents in
         order of first appearance and the corpus indices of their memory
         sentences (document by document, in document order)."""
+        docs, mem, _ = self._memory_sentences(ids)
+        return docs, mem
+
+    def _memory_sentences(self, ids: np.ndarray):
+        """``(docs, mem, owner)``: :meth:`memory_rows` and, per memory row,
+        the (global) document whose memory it is. Without an ablation a
+        document's memory is its own sentences (online: those before the
+        batch's last sentence of it; offline: all); ``shuffled``: the same
+        number of sentences from the start of its donor document
+        (:meth:`_memory_donors`; offline the whole donor), so a query at
+        position ``p`` sees the donor's sentences before ``p`` (online) or
+        all but the donor's ``p``-th (offline: the model never shows a query
+        the memory sentence at its own position)."""
         ids = np.asarray(ids, dtype=np.int64)
         docs = list(dict.fromkeys(self.doc_index[ids].tolist()))
-        mem = []
+        mem, owner = [], []
         for d in docs:
-            start, n = int(self.doc_start[d]), int(self.doc_len[d])
+            n = int(self.doc_len[d])
             if self.document_context == "online":
                 n = int(self.sent_pos[ids[self.doc_index[ids] == d]].max())
+            src = d
+            if self.memory_donor is not None and self.memory_donor[d] != d:
+                src = int(self.memory_donor[d])
+                n = min(n, int(self.doc_len[src])) if self.document_context == "online" \
+                    else int(self.doc_len[src])
+            start = int(self.doc_start[src])
             mem.append(np.arange(start, start + n, dtype=np.int64))
-        return docs, (np.concatenate(mem) if mem else np.zeros(0, dtype=np.int64))
+            owner.append(np.full(n, d, dtype=np.int64))
+        if not mem:
+            return docs, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return docs, np.concatenate(mem), np.concatenate(owner)
 
-    def collate_memory(self, ids: np.ndarray) -> Dict[str, torch.Tensor]:
-        """Document memory inputs of a batch whose rows are sentences ``ids``:
+    def _memory_states(self, ids: np.ndarray, mem: np.ndarray,
+                       masked: Optional[np.ndarray] = None):
+        """``(mem_state_index, mem_extra_rows, query_mem_row)`` (see
+        :meth:`collate_memory`): a memory row shares the encoding of the
+        batch's query that is the same sentence, unless the query's source
+        was changed by CoWord dropout (``masked``: the memory holds the real
+        sentence) or the memory's tokens are random (``random`` ablation)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        B = len(ids)
+        col = np.full(len(mem), -1, dtype=np.int64)
+        if len(mem) and B and self.ablation != "random":
+            order = np.argsort(ids, kind="stable")
+            k = np.clip(np.searchsorted(ids[order], mem), 0, B - 1)
+            hit = ids[order][k] == mem
+            col = np.where(hit, order[k], -1)
+            if masked is not None:
+                col = np.where(hit & np.asarray(masked, dtype=bool)[order[k]], -1, col)
+        qrow = np.full(B, -1, dtype=np.int64)
+        shared = np.flatnonzero(col >= 0)[::-1]
+        qrow[col[shared]] = shared  # (the first row of a query when there are several)
+        extra = np.flatnonzero(col < 0)
+        col[extra] = B + np.arange(len(extra), dtype=np.int64)
+        return col, extra.astype(np.int64), qrow
+
+    def _memory_tokens(self, side: str, j: int) -> torch.Tensor:
+        """Memory sentence ``j`` of ``side``; under the ``random`` ablation its
+        words replaced by random vocabulary tokens (special symbols kept),
+        from a generator seeded by the seed, ``j`` and the side (the
+        per-sentence ablation's formula, with the memory sentence's index)."""
+        t = self._sentences(side)[int(j)].long()
+        if self.ablation != "random":
+            return t
+        d = self.src_dict if side == "src" else self.tgt_dict
+        g = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + int(j) * 2 + (side == "tgt"))
+        rand = torch.randint(d.nspecial, len(d), t.shape, generator=g)
+        return torch.where(t >= d.nspecial, rand, t)
+
+    def collate_memory(self, ids: np.ndarray, dropped: Optional[np.ndarray] = None,
+                       masked: Optional[np.ndarray] = None) -> Dict[str, torch.Tensor]:
+        """Document memory inputs of a batch whose rows are sentences ``ids``
+        (``dropped``: per row, context dropout took its context; ``masked``:
+        CoWord dropout changed its source):
 
         * ``query_doc`` / ``query_pos`` (``B``): batch-local document number
           (0..D-1, order of first appearance) and position in the document;
+          ``-1`` for a query whose context was dropped (no document of the
+          memory: it sees no memory sentence, exactly as a document's first
+          sentence online, and is translated as by the sentence-level model);
         * ``mem_src_tokens`` (``S x Ls``, padded like the source) and
           ``mem_src_lengths``: every sentence of the batch's documents that a
           query of the batch may see (online: the positions before the
@@ -776,7 +944,13 @@ class DocumentContextDataset(FairseqDataset):
           row ``s``'s encoder states are column ``mem_state_index[s]`` of the
           batch's query encodings (``0..B-1``) followed by those of the memory
           rows ``mem_extra_rows`` (the memory sentences that are no query of
-          the batch, ``B..B+E-1``);
+          the batch, ``B..B+E-1``; also a query's sentence whose source CoWord
+          dropout changed, and every row under the ``random`` ablation);
+
+        Ablations (:meth:`_memory_sentences`): ``shuffled``, a document's
+        memory rows are its donor document's sentences (``mem_doc`` the
+        receiving document, ``mem_pos`` the donor's positions); ``random``,
+        the memory sentences' words are random tokens (:meth:`_memory_tokens`).
         * ``mem_src_key`` (and with target memory ``mem_tgt_key``): a numpy
           ``S x 3`` int64 array (not a tensor: it stays on the host when the
           batch moves to the device), a 128-bit digest of each memory
@@ -794,18 +968,18 @@ class DocumentContextDataset(FairseqDataset):
         from ctx_fairseq.modules.sentence_cache import sentence_digest
 
         ids = np.asarray(ids, dtype=np.int64)
-        docs, mem = self.memory_rows(ids)
+        docs, mem, owner = self._memory_sentences(ids)
         local = {d: k for k, d in enumerate(docs)}
-        row_of = {int(j): r for r, j in enumerate(mem.tolist())}
+        query_doc = np.array([local[int(d)] for d in self.doc_index[ids]], dtype=np.int64)
+        if dropped is not None:
+            query_doc = np.where(np.asarray(dropped, dtype=bool), -1, query_doc)
+        state, extra, qrow = self._memory_states(ids, mem, masked)
         out = {
-            "query_doc": torch.tensor([local[int(d)] for d in self.doc_index[ids]],
-                                      dtype=torch.long),
+            "query_doc": torch.from_numpy(query_doc),
             "query_pos": torch.from_numpy(self.sent_pos[ids].copy()),
-            "mem_doc": torch.tensor([local[int(d)] for d in self.doc_index[mem]],
-                                    dtype=torch.long),
+            "mem_doc": torch.tensor([local[int(d)] for d in owner], dtype=torch.long),
             "mem_pos": torch.from_numpy(self.sent_pos[mem].copy()),
-            "query_mem_row": torch.tensor([row_of.get(int(i), -1) for i in ids],
-                                          dtype=torch.long),
+            "query_mem_row": torch.from_numpy(qrow),
         }
         mem_doc = out["mem_doc"].numpy()
         counts = np.bincount(mem_doc, minlength=len(docs)) if len(mem) else \
@@ -816,17 +990,13 @@ class DocumentContextDataset(FairseqDataset):
         valid = slot < counts[:, None]
         out["mem_doc_rows"] = torch.from_numpy(np.where(valid, starts[:, None] + slot, 0))
         out["mem_doc_valid"] = torch.from_numpy(valid)
-        query_col = np.full(len(mem), -1, dtype=np.int64)
-        qrow = out["query_mem_row"].numpy()
-        query_col[qrow[qrow >= 0]] = np.flatnonzero(qrow >= 0)
-        extra = np.flatnonzero(query_col < 0)
-        query_col[extra] = len(ids) + np.arange(len(extra))
-        out["mem_state_index"] = torch.from_numpy(query_col)
-        out["mem_extra_rows"] = torch.from_numpy(extra.astype(np.int64))
-        sides = [("src", self.base.src, self.src_dict, self.left_pad_source)]
+        out["mem_state_index"] = torch.from_numpy(state)
+        out["mem_extra_rows"] = torch.from_numpy(extra)
+        sides = [("src", self.src_dict, self.left_pad_source)]
         if self.tgt_context_size > 0:
-            sides.append(("tgt", self._sentences("tgt"), self.tgt_dict, self.left_pad_target))
-        for side, seqs, d, left in sides:
+            sides.append(("tgt", self.tgt_dict, self.left_pad_target))
+        for side, d, left in sides:
+            seqs = {int(j): self._memory_tokens(side, j) for j in mem.tolist()}
             if len(mem):
                 toks = data_utils.collate_tokens([seqs[int(j)].long() for j in mem], d.pad(),
                                                  d.eos(), left_pad=left,
@@ -850,12 +1020,16 @@ class DocumentContextDataset(FairseqDataset):
 
     def memory_cost(self, ids: np.ndarray) -> int:
         """Padded tokens a batch of sentences ``ids`` gives the model with its
-        document memory: the encoder side counts the union of the batch's
-        sentences and its memory sentences (each encoded once), the decoder
-        side the targets plus, with target memory, the memory's targets. With
-        ``memory_precomputed`` (a frozen memory the model keeps in a cache and
-        encodes, without gradients, only on a cache miss) only the batch's own
-        sentences count."""
+        document memory: the encoder side counts the batch's sentences and the
+        memory rows that do not share a query's encoding (``mem_extra_rows``:
+        without an ablation, the union of the batch's sentences and its memory
+        sentences, each encoded once), the decoder side the targets plus, with
+        target memory, the memory's targets. With CoWord dropout (training) a
+        query's memory row may be encoded apart from the query (see
+        :meth:`collate_memory`): every memory row is counted as extra, the
+        bound for any draw. With ``memory_precomputed`` (a frozen memory the
+        model keeps in a cache and encodes, without gradients, only on a
+        cache miss) only the batch's own sentences count."""
         ids = np.asarray(ids, dtype=np.int64)
         src = np.asarray(self.base.src_sizes, dtype=np.int64)
         dec = 0
@@ -863,9 +1037,13 @@ class DocumentContextDataset(FairseqDataset):
             dec = len(ids) * int(np.asarray(self.base.tgt_sizes)[ids].max())
         if self.memory_precomputed:  # the memory is read from a cache, not encoded here
             return max(len(ids) * int(src[ids].max()), dec)
-        _, mem = self.memory_rows(ids)
-        union = np.union1d(ids, mem)
-        enc = len(union) * int(src[union].max())
+        _, mem, _ = self._memory_sentences(ids)
+        if self.coword_dropout > 0:
+            extra = np.arange(len(mem))
+        else:
+            extra = self._memory_states(ids, mem)[1]
+        rows = np.concatenate([ids, mem[extra]])
+        enc = len(rows) * int(src[rows].max())
         if self.tgt_context_size > 0 and len(mem):
             tl = self._target_sizes()
             dec += len(mem) * int(tl[mem].max())
@@ -945,7 +1123,9 @@ class DocumentContextDataset(FairseqDataset):
 
     @property
     def can_reuse_epoch_itr_across_epochs(self):
-        return not self.document_batching
+        # dropout draws per epoch: a new iterator (and data loader workers that
+        # see this epoch; fairseq's persistent workers keep an old copy)
+        return not self.document_batching and not self.dropout_active
 
     def set_epoch(self, epoch):
         super().set_epoch(epoch)

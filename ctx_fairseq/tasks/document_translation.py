@@ -17,6 +17,20 @@ Options (besides those of ``translation``):
 ``--context-ablation none|shuffled|random``
     Voita et al.'s check that a model uses real context: context of another,
     random document position, or random tokens (deterministic for ``--seed``).
+    With ``--document-memory``: another document's memory, or memory
+    sentences of random tokens.
+``--context-dropout P`` / ``--coword-dropout P``
+    training only (Fernandes et al. 2021): each sentence's whole context is
+    dropped with probability ``P`` (it gets the empty context of a
+    document's first sentence; with ``--document-memory`` it sees no memory
+    sentence), so one model serves with and without context; each word of
+    the current source sentence is replaced by ``<unk>`` with probability
+    ``P`` (never ``</s>``). Drawn per sentence and epoch from the seed
+    (:meth:`DocumentContextDataset.dropout_draws`), reproducible and
+    independent of batching; only the split fairseq-train trains on gets
+    them (validation, generation, ``ctx-cxmi`` and the scorers never do);
+    ``--max-tokens`` counts the undropped context (dropping only shrinks a
+    batch).
 ``--document-context none|online|offline``
     whole-document context for document-level models: every previous sentence
     (online) or every other sentence (offline) of the document; implies
@@ -130,6 +144,15 @@ class DocumentTranslationConfig(TranslationConfig):
         default="none", metadata={"help": "shuffled: context of another, random document "
                                           "position; random: random tokens (for checking that a "
                                           "model uses real context)"})
+    context_dropout: float = field(
+        default=0.0, metadata={"help": "training: drop the whole context of a sentence with this "
+                                       "probability (it gets the empty context of a document's "
+                                       "first sentence; with --document-memory, no memory), so "
+                                       "that one model serves with and without context"})
+    coword_dropout: float = field(
+        default=0.0, metadata={"help": "training: replace each word of the current source "
+                                       "sentence by <unk> with this probability (CoWord dropout; "
+                                       "never </s>)"})
     document_context: ChoiceEnum(list(DOCUMENT_CONTEXTS)) = field(
         default="none", metadata={"help": "whole-document context: online (all previous "
                                           "sentences) or offline (all other sentences); implies "
@@ -522,6 +545,15 @@ class DocumentTranslationTask(TranslationTask):
         #: the context layout of the models built (``set_context_layout``)
         self.context_layout: Dict[str, str] = normalise_context_layout(None)
         self._check_concat()
+        for name in ("context_dropout", "coword_dropout"):
+            p = float(getattr(cfg, name, 0.0) or 0.0)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be a probability in [0, 1], "
+                                 f"got {p}")
+        if cfg.context_dropout > 0 and not (cfg.source_context_size > 0 or
+                                            cfg.target_context_size > 0 or cfg.document_memory):
+            raise ValueError("--context-dropout without context (--source-context-size / "
+                             "--target-context-size 0, no --document-memory): nothing to drop")
 
     def _check_concat(self) -> None:
         c = self.cfg
@@ -578,11 +610,13 @@ class DocumentTranslationTask(TranslationTask):
         return sep
 
     def wrap(self, base, doc_ids: Sequence[str], docids_path: str,
-             tgt_context: Optional[Sequence] = None, generation: bool = False):
+             tgt_context: Optional[Sequence] = None, generation: bool = False,
+             training: bool = False):
         """The split's dataset with context: a ``DocumentContextDataset``, or
         with ``--concat-context`` a ``ConcatContextDataset`` over one
         (``generation``: targets without their context, which becomes the
-        decoder's prefix)."""
+        decoder's prefix; ``training``: the split fairseq-train trains on,
+        the only one with ``--context-dropout`` / ``--coword-dropout``)."""
         c = self.cfg
         limits = {"src": c.max_source_positions, "tgt": c.max_target_positions}
         if c.concat_context:
@@ -597,7 +631,9 @@ class DocumentTranslationTask(TranslationTask):
             max_src_context_tokens=limits["src"], max_tgt_context_tokens=limits["tgt"],
             docids_path=docids_path, document_memory=c.document_memory,
             memory_precomputed=c.memory_precomputed,
-            context_layout=None if c.concat_context else self.context_layout)
+            context_layout=None if c.concat_context else self.context_layout,
+            context_dropout=c.context_dropout if training else 0.0,
+            coword_dropout=c.coword_dropout if training else 0.0)
         if c.concat_context:
             return ConcatContextDataset(inner, self._separator(), generation=generation)
         return inner
@@ -649,7 +685,12 @@ class DocumentTranslationTask(TranslationTask):
         if self.cfg.own_target_context:  # filled in document order as sentences are translated
             empty = torch.tensor([self.tgt_dict.eos()], dtype=torch.long)
             tgt_context = [empty] * len(base)
-        self.datasets[split] = self.wrap(base, doc_ids, path, tgt_context, generation=generating)
+        # context / CoWord dropout: only the split fairseq-train's trainer loads to train on
+        # (it passes data_selector); validation, generation and scoring tools never get it
+        training = (split == self.cfg.train_subset and not generating
+                    and "data_selector" in kwargs)
+        self.datasets[split] = self.wrap(base, doc_ids, path, tgt_context, generation=generating,
+                                         training=training)
         ds = self.datasets[split]
         logger.info(f"{split}: {len(ds)} sentences in {len(ds.doc_start)} documents "
                     f"({path}); source context {self.cfg.source_context_size}, target context "
