@@ -83,13 +83,16 @@ SELECTIVE_DEC_ARGS = ["--task", "document_translation", "--document-context", "o
 
 
 @pytest.fixture(scope="session")
-def selective_dec_ckpt(toy_bin, tmp_path_factory):
-    """transformer_selective_doc_dec (decoder integration, online) trained 2 updates."""
+def selective_dec_ckpt(toy_bin, sentence_ckpt, tmp_path_factory):
+    """transformer_selective_doc_dec (decoder integration, online) as the
+    architecture defines it (the paper's: frozen memory from the stage-1
+    model), initialised from ``sentence_ckpt`` and trained 2 updates."""
     from fairseq_cli_utils import TINY_MODEL_ARGS, train
 
     save = str(tmp_path_factory.mktemp("seldec"))
     train([toy_bin, "--arch", "transformer_selective_doc_dec", *TINY_MODEL_ARGS,
-           *SELECTIVE_DEC_ARGS, "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3",
+           *SELECTIVE_DEC_ARGS, "--init-from-sentence-checkpoint", sentence_ckpt,
+           "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3",
            "--max-tokens", "600", "--max-update", "2", "--save-dir", save, "--no-progress-bar",
            "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0", "--disable-validation"])
     return os.path.join(save, "checkpoint_last.pt")

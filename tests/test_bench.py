@@ -205,3 +205,24 @@ def test_document_memory_beam_search_over_fewer_sentences_than_the_batch(capsys)
                                *args, "--infer-sentences", "3"])
     sel = report["results"][-1]
     assert sel["infer_sentences_per_s"] > 0 and sel["infer_ratio"] is not None
+
+
+def test_selective_rows_say_where_the_memory_comes_from(capsys):
+    """transformer_selective_doc's default is the paper's frozen memory (read from
+    the warm cache in the bench); other settings are labelled as such."""
+    quick = ["--layers", "1", "--embed-dim", "16", "--heads", "2", "--ffn-dim", "32",
+             "--vocab", "64", "--src-len", "6", "--tgt-len", "5", "--doc-len", "4",
+             "--max-tokens", "60", "--infer-sentences", "2", "--beam", "2", "--repeats", "1",
+             "--train-steps", "1", "--warmup", "0", "--threads", "1"]
+    report = run_json(capsys, ["--archs", "transformer_selective_doc,"
+                               "transformer_selective_doc[--context-memory shared]", *quick])
+    base, frozen, shared = report["results"]
+    assert base["setting"] is None
+    assert "frozen memory (the paper's; read from the cache (warm)" in frozen["setting"]
+    assert "shared memory" in shared["setting"] and "beyond the paper" in shared["setting"]
+    assert frozen["infer_sentences_per_s"] > 0 and shared["infer_sentences_per_s"] > 0
+    # the frozen memory is neither encoded nor back-propagated in the measured step
+    assert frozen["train_flops"] < shared["train_flops"]
+    table = bench.format_table(report).splitlines()
+    assert table[-2].startswith("transformer_selective_doc: encoder integration, frozen")
+    assert table[-1].startswith("transformer_selective_doc[--context-memory shared]: ")

@@ -25,8 +25,10 @@ from ctx_fairseq.criterions.label_smoothed_cross_entropy_ctx import (
 from fairseq_cli_utils import TINY_MODEL_ARGS, USER_DIR, train
 
 CTX_ARGS = ["--task", "document_translation", "--source-context-size", "1"]
+#: the statistics do not depend on where the memory comes from: a memory with gradients
+#: (``shared``; the architecture's default, ``frozen``, needs a stage-1 checkpoint)
 SEL_ARGS = ["--task", "document_translation", "--document-context", "online",
-            "--document-memory"]
+            "--document-memory", "--context-memory", "shared"]
 SEL_DEC_ARGS = SEL_ARGS + ["--target-context-size", "1"]
 
 #: architecture name -> (fairseq-train options, statistics it must log)

@@ -68,24 +68,17 @@ VARIANTS = [
       for mode in ("concat", "local", "gauss-window", "gauss-center", "gauss-both")],
     ("transformer_hybrid", ["--hybrid-gate-per-head", "--hybrid-decoder-layers", "all"],
      "gate-per-head"),
+    # the selective models' default is the paper's frozen memory (no backward through
+    # it); the memory computed with gradients by the model itself:
+    *[(arch, ["--context-memory", "shared"], "shared")
+      for arch in ("transformer_selective_doc", "transformer_selective_doc_dec")],
     ("transformer_dc_full", ["--dc-kernel-size", "3", "--encoder-normalize-before",
                              "--decoder-normalize-before"], "f3-prenorm"),
 ]
 
 # (architecture, mode) -> why it fails for code outside this helper's files.
 # xfail(strict): the test fails as soon as it passes, so that the entry goes.
-_SELECTIVE_AUTOCAST = (
-    "ctx_fairseq/modules/selective_attention.py:328 (_GatheredValues.backward; "
-    "_GatheredScores.backward likewise): the custom autograd Functions run their "
-    "forward under autocast (half-precision gathered values) and their backward "
-    "outside it, where the float32 output gradient meets the half-precision values in "
-    "one einsum: 'expected m1 and m2 to have the same dtype'. Needs "
-    "torch.amp.custom_fwd/custom_bwd or explicit casts in backward.")
-KNOWN_FAILURES = {
-    (arch, "autocast"): _SELECTIVE_AUTOCAST
-    for arch in ("transformer_selective_doc", "transformer_selective_doc_dec",
-                 "transformer_selective_doc_tiny")
-}
+KNOWN_FAILURES = {}
 
 
 def _train_argv(arch, sentence_ckpt):

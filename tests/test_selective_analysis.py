@@ -11,8 +11,10 @@ import pytest
 
 from fairseq_cli_utils import train
 
+#: the analysis reads the context layer whatever the memory: a memory with gradients
+#: (``shared``; the architecture's default, ``frozen``, needs a stage-1 checkpoint)
 SEL_ARGS = ["--task", "document_translation", "--document-memory",
-            "--arch", "transformer_selective_doc",
+            "--arch", "transformer_selective_doc", "--context-memory", "shared",
             "--encoder-layers", "1", "--decoder-layers", "1",
             "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
             "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",

@@ -1149,7 +1149,8 @@ def test_presets_and_demo_hooks():
         assert args.context_integration == integration
         assert (args.doc_attention, args.sentence_attn, args.word_attn) == (
             "hierarchical", "sparsemax", "softmax")
-        assert args.context_memory == "shared"
+        # the paper's model by default (Sec. 3.3): the stage-1 model's states, no distance bias
+        assert args.context_memory == "frozen" and args.doc_sentence_distance == 0
         train_args = TransformerSelectiveDocModel.demo_train_args(arch)
         assert "--document-memory" in train_args
         assert ("--target-context-size" in train_args) == (integration == "decoder")

@@ -748,6 +748,27 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
     #: ctx-bench: whole-document batches through the document task (see ctx_fairseq.cli.bench)
     bench_task_args = ["--document-context", "online", "--document-memory"]
 
+    def bench_setting(self) -> str:
+        """ctx-bench's label of what it measures: where the memory comes from
+        and whether it is encoded in the timed steps. ctx-bench repeats one
+        batch (and warms a cache up before measuring), so a cached frozen
+        memory is read from the cache, never encoded, in the figures."""
+        a = self.args
+        parts = [f"{a.context_integration} integration"]
+        if a.context_memory == "frozen":
+            how = ("read from the cache (warm)" if self.memory_cache is not None else
+                   "encoded without gradients every step (no cache)")
+            parts.append(f"frozen memory (the paper's; {how}; no stage-1 checkpoint: "
+                         "the frozen copies are of the initial weights)")
+        else:
+            parts.append("shared memory (computed by the model with gradients; beyond the "
+                         "paper)")
+        if int(getattr(a, "doc_sentence_distance", 0) or 0):
+            parts.append(f"--doc-sentence-distance {a.doc_sentence_distance} (beyond the paper)")
+        if getattr(a, "dense_doc_attention", False):
+            parts.append("dense attention (beyond the paper)")
+        return ", ".join(parts)
+
     @property
     def uses_target_context(self) -> bool:
         """Only decoder integration reads the target memory (the task warns
@@ -1031,7 +1052,7 @@ def selective_doc_base_architecture(args):
     _default(args, "sentence_attn", "sparsemax")
     _default(args, "word_attn", "softmax")
     _default(args, "context_integration", "encoder")
-    _default(args, "context_memory", "shared")
+    _default(args, "context_memory", "frozen")  # the paper's (Sec. 3.3): the stage-1 model's states
     _default(args, "memory_cache_sentences", MEMORY_CACHE_SENTENCES)
     _default(args, "dense_doc_attention", False)
     _default(args, "doc_word_capacity", WORD_CAPACITY)
