@@ -163,6 +163,8 @@ def test_training_split_only(toy_bin):
     ("transformer_context_aware", ["--source-context-size", "1"]),
     ("transformer", ["--concat-context", "--source-context-size", "1",
                      "--target-context-size", "1"]),
+    ("transformer_selective_doc", ["--document-context", "online", "--document-memory",
+                                   "--context-memory", "shared"]),
 ])
 def test_training_runs_with_dropout(arch, extra, toy_bin, tmp_path, monkeypatch):
     """fairseq-train with both dropouts: the training split draws (and drops

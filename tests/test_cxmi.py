@@ -175,7 +175,10 @@ class _ModelElsewhere:
         from torch.utils._python_dispatch import _disable_current_modes
         from torch.utils._pytree import tree_map
 
-        from other_device import Elsewhere, _unwrap, not_on_other
+        from other_device import Elsewhere, not_on_other
+
+        def _unwrap(x):  # the CPU data under the simulated device's tensors
+            return tree_map(lambda t: t.elem if isinstance(t, Elsewhere) else t, x)
 
         wrong = not_on_other(("args", args), ("kwargs", kwargs))
         assert not wrong, f"tensors on the CPU reach the model: {wrong}"
@@ -244,11 +247,65 @@ def test_errors(sentence_ckpt, context_ckpt, toy_bin, tmp_path, monkeypatch):
     assert os.listdir(out) == []
 
 
-def test_document_memory_refused(selective_dec_ckpt, toy_bin):
+MEMORY_ARCHS = {
+    # encoder integration, shared memory, trained here from scratch
+    "selective_doc_online": ["--arch", "transformer_selective_doc", "--context-memory", "shared",
+                             "--document-context", "online"],
+    "selective_doc_offline": ["--arch", "transformer_selective_doc", "--context-memory",
+                              "shared", "--document-context", "offline"],
+}
+
+
+def _memory_checkpoint(name, toy_bin, tmp_path, selective_dec_ckpt):
+    if name == "selective_dec_frozen":  # decoder integration, frozen memory, target memory
+        return selective_dec_ckpt
+    save = str(tmp_path / "ckpt")
+    train([toy_bin, *MEMORY_ARCHS[name], "--task", "document_translation", "--document-memory",
+           *TINY_MODEL_ARGS, "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3",
+           "--max-tokens", "600", "--max-update", "2", "--save-dir", save, "--no-progress-bar",
+           "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
+           "--disable-validation"])
+    return os.path.join(save, "checkpoint_last.pt")
+
+
+@pytest.mark.parametrize("name", [*MEMORY_ARCHS, "selective_dec_frozen"])
+def test_document_memory_models(name, toy_bin, tmp_path, selective_dec_ckpt):
+    """Models with a document memory: every condition, checked against
+    sentence-by-sentence log-probabilities (each sentence a batch of its own:
+    a memory of its own batch); none: the same as the sentence with
+    ``query_doc = -1`` (a context-dropped sentence: no visible memory)."""
     from ctx_fairseq.eval import cxmi
 
-    with pytest.raises(cxmi.CXMIError, match="document memory.*--context-ablation"):
-        cxmi.load(selective_dec_ckpt, toy_bin, cuda=False)
+    ckpt = _memory_checkpoint(name, toy_bin, tmp_path, selective_dec_ckpt)
+    model, task, cfg = cxmi.load(ckpt, toy_bin, cuda=False)
+    assert task.cfg.document_memory
+    online = task.cfg.document_context == "online"
+    result, words = cxmi.compute_cxmi(model, task, cfg, "test", CONDS, max_tokens=600)
+    true_ds = cxmi.condition_dataset(task, "test", "true")
+    n = len(true_ds)
+    tokens = sum(len(true_ds.base.tgt[i]) for i in range(n))
+    true = np.array([_sentence_logprob(model, true_ds, i) for i in range(n)])
+    assert result["logprob_true_per_token"] == pytest.approx(true.sum() / tokens, abs=1e-5)
+    has = true_ds.sentences_with_context()
+    assert result["sentences_with_context"] == int(has.sum())
+    assert has.sum() == ((true_ds.sent_pos > 0).sum() if online else n)
+
+    def dropped(sample):
+        sample["net_input"]["query_doc"] = torch.full_like(sample["net_input"]["query_doc"], -1)
+
+    for c in CONDS:
+        ds = cxmi.condition_dataset(task, "test", c)
+        other = np.array([_sentence_logprob(model, ds, i) for i in range(n)])
+        if c == "none":
+            by_hand = np.array([_sentence_logprob(model, true_ds, i, dropped) for i in range(n)])
+            np.testing.assert_allclose(other, by_hand, atol=1e-5)
+        assert result[c]["cxmi"] == pytest.approx((true - other).sum() / tokens, abs=1e-5)
+        diff = true - other
+        if online:  # a document's first sentence sees no memory under any condition
+            assert np.abs(diff[true_ds.sent_pos == 0]).max() < 1e-5
+        assert np.abs(diff[has]).max() > 1e-4  # the condition changed what the model saw
+    write = cxmi.write_outputs(result, words, str(tmp_path / "out"))
+    assert os.path.exists(write["cxmi.json"])
 
 
 def test_cli(context_ckpt, toy_bin, tmp_path, capsys):
@@ -306,7 +363,7 @@ ARCHS = {
 
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_every_context_architecture(name, toy_bin, tmp_path):
-    """Each context architecture without a document memory: all conditions,
+    """Each context architecture with per-sentence context: all conditions,
     checked against sentence-by-sentence log-probabilities (concatenation's
     none: the model run on the sentence alone, a sentence-level batch)."""
     from ctx_fairseq.eval import cxmi

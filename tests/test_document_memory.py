@@ -132,3 +132,99 @@ def test_precomputed_memory_counts_only_the_batch_and_still_sees_the_whole_docum
     assert int((batch["net_input"]["mem_doc"] == k).sum()) == 299
     with pytest.raises(ValueError, match="--memory-precomputed goes with --document-memory"):
         synthetic([3], memory_precomputed=True)
+
+
+# ------------------------------------------------------- ablations of the memory
+def _memory_blocks(ds, batch):
+    """Per batch document (global index): the corpus sentences of its memory
+    rows, found by their tokens in the donor document ``ds.memory_donor``."""
+    ni = batch["net_input"]
+    ids = batch["id"].numpy()
+    docs = list(dict.fromkeys(ds.doc_index[ids].tolist()))
+    out = {}
+    for k, d in enumerate(docs):
+        rows = (ni["mem_doc"] == k).nonzero().flatten().tolist()
+        out[d] = [(r, int(ni["mem_pos"][r])) for r in rows]
+    return out
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_shuffled_memory_is_another_documents(online):
+    """--context-ablation shuffled with --document-memory: each document's
+    memory rows are the sentences of another document (its donor; positions
+    from the donor's start, the donor's tokens), deterministic for the seed;
+    the query is still encoded from its own tokens (rows that are queries of
+    the batch share them, the others are extra rows)."""
+    sizes = [1, 4, 7, 2, 9, 5, 6, 3]
+    mode = "online" if online else "offline"
+    ds, _, _ = synthetic(sizes, document_context=mode, document_memory=True,
+                         ablation="shuffled", seed=4)
+    same, _, _ = synthetic(sizes, document_context=mode, document_memory=True,
+                           ablation="shuffled", seed=4)
+    other, _, _ = synthetic(sizes, document_context=mode, document_memory=True,
+                            ablation="shuffled", seed=5)
+    donor = ds.memory_donor
+    assert np.array_equal(donor, same.memory_donor)
+    assert not np.array_equal(donor, other.memory_donor)
+    lens = ds.doc_len
+    for d in range(len(sizes)):
+        if lens[d] == 1:
+            assert donor[d] == d
+            continue
+        assert donor[d] != d
+        need = lens[d] - 1 if online else lens[d]
+        assert lens[donor[d]] >= need or lens[donor[d]] == max(
+            lens[e] for e in range(len(sizes)) if e != d)
+    for b in ds.batch_by_size(ds.ordered_indices(), max_tokens=10_000):
+        batch = ds.collater([ds[int(i)] for i in b])
+        ni = batch["net_input"]
+        ids = batch["id"].numpy()
+        state = ni["mem_state_index"].numpy()
+        B = len(ids)
+        for d, rows in _memory_blocks(ds, batch).items():
+            e = int(donor[d])
+            last = int(ds.sent_pos[ids[ds.doc_index[ids] == d]].max())
+            n = (min(last, int(lens[e])) if online else int(lens[e])) if e != d else \
+                (last if online else int(lens[d]))
+            assert [p for _, p in rows] == list(range(n))
+            for r, p in rows:
+                j = int(ds.doc_start[e]) + p  # the donor's sentence
+                toks = ni["mem_src_tokens"][r]
+                assert torch.equal(toks[toks.ne(ds.src_dict.pad())], ds.base.src[j])
+                if state[r] < B:
+                    assert ids[state[r]] == j
+                else:
+                    assert j not in set(ids.tolist())
+        # the queries: their own tokens, their own document numbers and positions
+        for bq, i in enumerate(ids):
+            q = ni["src_tokens"][bq]
+            assert torch.equal(q[q.ne(ds.src_dict.pad())], ds.base.src[int(i)])
+        assert ds.memory_cost(b) >= (B + len(ni["mem_extra_rows"])) * max(
+            ni["src_tokens"].size(1), ni["mem_src_tokens"].size(1))
+
+
+def test_random_memory():
+    """--context-ablation random with --document-memory: the memory's words
+    are random tokens (lengths and special symbols kept, seeded), no memory
+    row shares a query's encoding, memory_cost counts them all."""
+    ds, _, _ = synthetic([4, 7, 2], document_context="offline", document_memory=True,
+                         ablation="random", seed=4)
+    ref, _, _ = synthetic([4, 7, 2], document_context="offline", document_memory=True)
+    b = ds.batch_by_size(ds.ordered_indices(), max_tokens=10_000)[0]
+    batch = ds.collater([ds[int(i)] for i in b])
+    plain = ref.collater([ref[int(i)] for i in b])["net_input"]
+    ni = batch["net_input"]
+    for k in ("mem_doc", "mem_pos", "mem_src_lengths", "mem_doc_rows", "mem_doc_valid"):
+        assert torch.equal(ni[k], plain[k])
+    special = plain["mem_src_tokens"] < ds.src_dict.nspecial
+    assert torch.equal(ni["mem_src_tokens"][special], plain["mem_src_tokens"][special])
+    words = ~special
+    assert (ni["mem_src_tokens"][words] >= ds.src_dict.nspecial).all()
+    assert (ni["mem_src_tokens"][words] != plain["mem_src_tokens"][words]).float().mean() > 0.8
+    S, B = ni["mem_src_tokens"].size(0), len(b)
+    assert torch.equal(ni["mem_state_index"], torch.arange(B, B + S))
+    assert (ni["query_mem_row"] == -1).all()
+    assert not np.array_equal(ni["mem_src_key"], plain["mem_src_key"])
+    again = ds.collater([ds[int(i)] for i in b])["net_input"]
+    assert torch.equal(again["mem_src_tokens"], ni["mem_src_tokens"])
+    assert ds.memory_cost(b) == (B + S) * ni["mem_src_tokens"].size(1)

@@ -661,6 +661,25 @@ class DocumentContextDataset(FairseqDataset):
         return drop, (rng.random(len(toks)) < self.coword_dropout) & \
             (toks >= self.src_dict.nspecial)
 
+    def sentences_with_context(self) -> np.ndarray:
+        """Per sentence: does it get any context (bool)? Per-sentence context:
+        a non-empty context (after truncation and ablation). Document memory:
+        a memory sentence at a position it may see (online: not the first of
+        its document; offline: a document of two or more sentences; under the
+        shuffled ablation, of the donor)."""
+        out = np.zeros(len(self), dtype=bool)
+        for length in self.context_length.values():
+            out |= np.asarray(length) > 0
+        if self.document_memory:
+            if self.document_context == "online":
+                out |= self.sent_pos > 0
+            else:
+                donor = (self.memory_donor if self.memory_donor is not None
+                         else np.arange(len(self.doc_start)))[self.doc_index]
+                n = self.doc_len[donor]
+                out |= (n > 1) | ((n == 1) & (self.sent_pos > 0))
+        return out
+
     @property
     def dropout_active(self) -> bool:
         return bool(self.context_dropout or self.coword_dropout)

@@ -52,13 +52,20 @@ log-probabilities of all batches are moved to the host once, after the loop.
 Each reference token scored is checked against the split's target sentence
 (the same tokens under every condition), and every sentence is scored once.
 
+Models with a document memory (``--document-memory``,
+``transformer_selective_doc``, ``transformer_selective_doc_dec``): the task's
+memory ablations (``shuffled``: each document reads another document's
+memory, the query still encoded from its own tokens; ``random``: memory
+sentences of random tokens), and ``none``: one document per sentence, so no
+memory sentence is visible (online the memory is empty; offline it holds only
+the sentence itself, which the model never shows it), the sentence-level
+translation the model gives a document's first sentence and a sentence whose
+context ``--context-dropout`` dropped (tested against ``query_doc = -1``).
+
 Refused with a clear error (never a number): a sentence-level checkpoint (no
-context to remove), a split without ``{split}.docids``, and models with a
-document memory (``--document-memory``, ``transformer_selective_doc``): the
-document dataset cannot build a shuffled or random memory yet (it refuses
-``--context-ablation`` with ``--document-memory``), and ``none`` (one document
-per sentence: an empty memory online, the sentence alone offline) is not
-checked for them.
+context to remove) and a split without ``{split}.docids``. The training
+split's dropout (``--context-dropout``, ``--coword-dropout``) is never applied
+here (only fairseq-train's training load gets it).
 
 Outputs (written whole or not at all) in ``--out DIR``: ``cxmi.json`` (per
 condition ``cxmi``, ``tokens`` and the rest), ``cxmi.md``, ``tokens.jsonl``
@@ -95,7 +102,7 @@ __all__ = ["CONDITIONS", "CXMIError", "batch_logprobs", "token_logprobs", "condi
 
 class CXMIError(ValueError):
     """The checkpoint or the split cannot be measured (sentence-level model,
-    no document ids, document memory)."""
+    no document ids)."""
 
 
 # ----------------------------------------------------------------- checkpoint
@@ -112,14 +119,6 @@ def load(path: str, data: str, cuda: bool):
             "context): CXMI compares a model with and without its context, and this one has "
             "none to remove. Give a checkpoint trained with --task document_translation and "
             "context (or --concat-context)")
-    if task.cfg.document_memory:
-        raise CXMIError(
-            f"{path} reads a document memory (--document-memory, e.g. transformer_selective_doc):"
-            " ctx-cxmi does not support it yet. The conditions need the document task's "
-            "DocumentContextDataset to build, for a memory model, a shuffled memory (another "
-            "document's), a random one, and a checked empty one (none); today it refuses "
-            "--context-ablation with --document-memory. No number is given rather than a "
-            "wrong one")
     return model, task, cfg
 
 
@@ -159,11 +158,7 @@ def condition_dataset(task, split: str, condition: str):
 
 def _has_context(ds) -> np.ndarray:
     """Per sentence: does the dataset give it any context?"""
-    inner = getattr(ds, "inner", ds)
-    out = np.zeros(len(ds), dtype=bool)
-    for length in inner.context_length.values():
-        out |= np.asarray(length) > 0
-    return out
+    return getattr(ds, "inner", ds).sentences_with_context()
 
 
 # -------------------------------------------------------------------- scoring
