@@ -194,6 +194,10 @@ def test_document_memory_beam_search_over_fewer_sentences_than_the_batch(capsys)
     assert np.array_equal(extra, ni["mem_extra_rows"].numpy())
     cut = b.infer_net_input(ni, 3)
     assert cut["src_tokens"].size(0) == 3 and cut["mem_src_tokens"].size(0) == S
+    # the same as derived from the kept queries' memory rows
+    source, extra = memory_state_index(ni["query_mem_row"][:3].numpy(), S)
+    assert np.array_equal(source, cut["mem_state_index"].numpy())
+    assert np.array_equal(extra, cut["mem_extra_rows"].numpy())
     assert int(cut["mem_state_index"].max()) < 3 + cut["mem_extra_rows"].numel()
     model.eval()
     with torch.no_grad():

@@ -363,7 +363,7 @@ class Bench:
         and where its rows' states come from (``mem_state_index``,
         ``mem_extra_rows``, which index the batch's queries) is recomputed for
         the ``n`` queries on the host
-        (:func:`ctx_fairseq.models.transformer_selective_doc.memory_state_index`):
+        (:func:`ctx_fairseq.models.transformer_selective_doc.first_queries_state_index`):
         the queries left out become memory rows encoded as such. Preparation,
         outside the timed part."""
         out = {"src_tokens": ni["src_tokens"][:n], "src_lengths": ni["src_lengths"][:n]}
@@ -375,11 +375,10 @@ class Bench:
             per_sentence = not memory or k.startswith("query_")
             out[k] = v[:n] if torch.is_tensor(v) and per_sentence else v
         if memory and "mem_state_index" in ni:
-            from ctx_fairseq.models.transformer_selective_doc import memory_state_index
+            from ctx_fairseq.models.transformer_selective_doc import first_queries_state_index
 
-            source, extra = memory_state_index(ni["query_mem_row"][:n].cpu().numpy(),
-                                               ni["mem_src_tokens"].size(0))
-            dev = ni["query_mem_row"].device
+            source, extra = first_queries_state_index(ni["mem_state_index"].cpu().numpy(), n)
+            dev = ni["mem_state_index"].device
             out["mem_state_index"] = torch.from_numpy(source).to(dev)
             out["mem_extra_rows"] = torch.from_numpy(extra).to(dev)
         return out

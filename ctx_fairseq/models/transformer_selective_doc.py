@@ -181,7 +181,7 @@ from ctx_fairseq.modules.sentence_cache import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["TransformerSelectiveDocModel", "SelectiveDocEncoder", "SelectiveDocDecoder",
-           "memory_state_index"]
+           "memory_state_index", "first_queries_state_index"]
 
 MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "mem_doc",
                "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
@@ -263,6 +263,20 @@ def memory_state_index(query_mem_row, S: int) -> Tuple[np.ndarray, np.ndarray]:
     source[row[qb]] = qb
     extra = np.flatnonzero(source < 0)
     source[extra] = len(row) + np.arange(len(extra), dtype=np.int64)
+    return source, extra.astype(np.int64)
+
+
+def first_queries_state_index(mem_state_index, n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``mem_state_index``/``mem_extra_rows`` (see :func:`memory_state_index`)
+    of a batch cut to its first ``n`` queries, its memory kept whole, from the
+    whole batch's ``mem_state_index``, on the host (numpy): a memory row keeps
+    the encoding of a kept query it shares (the collater's choice, e.g. not
+    with a query whose source CoWord dropout changed), every other row is
+    encoded as a memory row (``n..n+E'-1``, in row order). ctx-bench's beam
+    search over the first sentences of a training batch."""
+    source = np.array(mem_state_index, dtype=np.int64, copy=True)
+    extra = np.flatnonzero(source >= n)
+    source[extra] = n + np.arange(len(extra), dtype=np.int64)
     return source, extra.astype(np.int64)
 
 
