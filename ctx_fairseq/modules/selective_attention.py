@@ -121,19 +121,25 @@ Word level (Eq. 4-5), two static formulations, chosen from shapes only
   more. Exact (no capacity), equal in value and gradient to the dense path:
   sentences outside the support have ``alpha_s = 0`` and a zero sparsemax
   Jacobian. Used while ``B x S_max x L x C <= dense_elems`` (default 2^28)
-  and ``S_max <= T K`` (it moves no more than the per-token formulation).
-* **Per token over a fixed capacity** (long documents, incremental decoding
-  steps with ``S_max > K``): the sparsemax support has no data-independent
-  bound below the number of visible sentences (equal scores put all of
-  them in it), so the selective path (sparsemax Eq. 3) takes a static ``K =
-  min(word_capacity, S_max)`` sentences per (query token, head), the
-  ``topk`` of the Eq. 3 weights: exact when the support has at most ``K``
-  sentences; when it has more, the ``K`` largest are kept and the rest
-  dropped (not renormalised), and the number of such (token, head) pairs
-  is counted on the device, without a read, as ``word_overflow_sum`` in the
-  statistics (raise ``--doc-word-capacity`` when it is not 0; default
-  ``WORD_CAPACITY`` = 32). The dense path (``selective=False``), the softmax
-  ablation of Eq. 3 and flat-word use ``K = S_max``. The word scores of the
+  and, with a capacity, ``S_max <= T K`` (it moves no more than the per-token
+  formulation).
+* **Per token** (when the per-query gather does not fit ``dense_elems``):
+  ``K`` sentences per (query token, head). By default (``word_capacity`` 0,
+  the paper's model) ``K = S_max``, every sentence of the document, masked
+  to the support: exact, so a token's result never depends on the batch it
+  is in nor on incremental decoding. The sparsemax support has no
+  data-independent bound below the number of visible sentences (equal scores
+  put all of them in it), so a smaller static size cannot be exact. Opt-in
+  approximation, beyond the paper (``--doc-word-capacity K`` > 0): ``K =
+  min(word_capacity, S_max)`` sentences, the ``topk`` of the Eq. 3 weights:
+  exact when the support has at most ``K`` sentences; when it has more, the
+  ``K`` largest are kept and the rest dropped (not renormalised), the
+  number of such (token, head) pairs counted on the device, without a read,
+  as ``word_overflow_sum`` in the statistics; results then depend on the
+  batch's shapes (the per-query formulation, exact, is taken where it fits),
+  so a run that uses it says so where it is reported. The dense path
+  (``selective=False``), the softmax ablation of Eq. 3 and flat-word use
+  ``K = S_max``. The word scores of the
   ``B x H x T x K`` (token, head, sentence) triples are computed by
   :class:`_GatheredScores` and the value reading by :class:`_GatheredValues`:
   keys and values gathered per chunk of about ``chunk_elems`` elements only
@@ -190,8 +196,9 @@ __all__ = [
 
 ATTENTION_TYPES = ("hierarchical", "flat-sentence", "flat-word")
 NORMALIZERS = ("sparsemax", "softmax")
-#: selective word level: sentences per (query token, head) (see the module docstring)
-WORD_CAPACITY = 32
+#: selective word level: sentences per (query token, head) (see the module docstring);
+#: 0 (the default): no capacity, every sentence of the support (exact, the paper's model)
+WORD_CAPACITY = 0
 
 
 class _Sparsemax(torch.autograd.Function):
@@ -428,8 +435,9 @@ class HierarchicalContextAttention(nn.Module):
         word_attn: Eq. 4 normaliser, "softmax" (sparse-soft) or "sparsemax"
             (sparse-sparse).
         selective: hierarchical with a sparsemax Eq. 3 only: evaluate Eq. 4-5
-            only on the ``word_capacity`` sentences of largest Eq. 3 weight
-            per (token, head) (default) instead of on every sentence.
+            only on the sentences of the Eq. 3 support (masked; with
+            ``word_capacity`` > 0 on at most that many sentences of largest
+            Eq. 3 weight per (token, head)) instead of on every sentence.
         attention_dropout: dropout on the final attention weights.
         kdim / vdim: feature dims of ``mem_keys`` / ``mem_values`` (default ``C``).
         chunk_elems: word level: about how many gathered key/value elements
@@ -437,7 +445,9 @@ class HierarchicalContextAttention(nn.Module):
         sentence_distance: ``N`` > 0: learned per-head bias on the sentence
             scores by the signed sentence distance clipped to ``[-N, N]``
             (beyond the paper, see the module docstring); 0 (default): off.
-        word_capacity: ``K`` of the selective path (see the module docstring).
+        word_capacity: ``K`` of the selective path, an approximation when the
+            support is larger (see the module docstring); 0 (default): none,
+            exact.
         dense_elems: the word level gathers each query sentence's document
             words once (``B x S_max x L x C`` elements, batched GEMMs over its
             tokens) while that is at most this many elements and moves less
@@ -465,8 +475,9 @@ class HierarchicalContextAttention(nn.Module):
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        if int(word_capacity) < 1:
-            raise ValueError(f"word_capacity must be >= 1, got {word_capacity}")
+        if int(word_capacity) < 0:
+            raise ValueError(f"word_capacity must be >= 0 (0: no capacity, exact), "
+                             f"got {word_capacity}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -775,16 +786,17 @@ class HierarchicalContextAttention(nn.Module):
     def _hierarchical(self, qs: Tensor, qw: Tensor, memory: ProjectedMemory, rows: Tensor,
                       vis: Tensor, tok: Tensor, want_word_w: bool, want_stats: bool,
                       bias: Optional[Tensor] = None):
-        """Eq. 3-5. The word level runs over ``K`` sentences per (token, head):
-        selective with a sparsemax Eq. 3, the ``K = min(word_capacity, S_max)``
-        of largest weight (``topk``; the support, unless it overflows);
-        otherwise every sentence of the document (``K = S_max``)."""
+        """Eq. 3-5. The word level runs over ``K`` sentences per (token, head),
+        masked to the Eq. 3 support: every sentence of the document (``K =
+        S_max``, exact) unless an opt-in ``word_capacity`` (``0 < K < S_max``,
+        selective with a sparsemax Eq. 3) keeps the ``K`` of largest weight
+        (``topk``; the support, unless it overflows)."""
         T, B, H, hd = qw.shape
         s_max = rows.size(1)
         alpha_s = self._sentence_weights(qs, memory, rows, vis, bias, self.sentence_attn)
         support = (alpha_s != 0).detach()  # B x H x T x S_max
         capped = self.selective and self.sentence_attn == "sparsemax" \
-            and self.word_capacity < s_max
+            and 0 < self.word_capacity < s_max
         if self._per_query_words(T, B, s_max, self.word_capacity if capped else s_max,
                                  memory.max_len):
             # every sentence of the document, masked to the support: exact, no capacity
