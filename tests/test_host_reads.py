@@ -78,12 +78,7 @@ PLAIN_INPUTS = ("src_tokens", "src_lengths", "prev_output_tokens")
 
 #: (arch, "train" | "beam") -> why it still reads more than the transformer;
 #: remove an entry once its reads are gone (strict: the xfail then fails)
-XFAIL: Dict[Tuple[str, str], str] = {
-    **{("transformer_selective_doc_dec[shared]", kind): "the shared target memory's pass through "
-       "fairseq's TransformerDecoder reads prev_output_tokens.eq(pad).any() "
-       "(extract_features_scriptable; _fairseq_utils.decode_static avoids it, as the HAN does)"
-       for kind in ("train", "beam")},
-}
+XFAIL: Dict[Tuple[str, str], str] = {}
 
 
 # --------------------------------------------------------------------------- the counter

@@ -160,6 +160,7 @@ from torch import Tensor
 
 from ctx_fairseq.models._fairseq_utils import (
     IterativeDecodingDemo,
+    decode_static,
     encode_and_decode,
     load_sentence_checkpoint,
     plain_attention,
@@ -616,6 +617,30 @@ class SelectiveDocDecoder(TransformerDecoderBase):
                                "did not run for this input")
         return x, extra, out
 
+    @classmethod
+    def _memory_features(cls, decoder, prev_output_tokens: Tensor,
+                         mem_enc: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor]:
+        """The teacher-forced pass over the memory's targets: the features
+        (``B x T x C``) and the last layer's source-attention output (``T x B
+        x C``), as :meth:`_features_and_source_attention` computes them but
+        through :func:`~ctx_fairseq.models._fairseq_utils.decode_static`
+        (the self-attention padding mask always given: fairseq's pass reads
+        ``prev_output_tokens.eq(pad).any()`` back to decide whether to give
+        it); fairseq's pass with ``--cross-self-attention``, which
+        ``decode_static`` does not take (as transformer_han does)."""
+        if decoder.cross_self_attention:
+            x, _, out = cls._features_and_source_attention(decoder, prev_output_tokens, mem_enc)
+            return x, out
+        attn = cls._last_attention(decoder)
+        attn.last_output = None
+        pad = mem_enc.get("encoder_padding_mask") or [None]
+        x = decode_static(decoder, prev_output_tokens, mem_enc["encoder_out"][0], pad[0])
+        out, attn.last_output = attn.last_output, None
+        if out is None or out.size(0) != x.size(1) or out.size(1) != x.size(0):
+            raise RuntimeError("decoder integration: the last decoder layer's source attention "
+                               "did not run for this input")
+        return x, out
+
     def memory_states(self, encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor, Tensor]:
         """Keys (last-layer source-attention outputs), values (decoder output
         states), both ``S x L x C``, and the real-word mask ``S x L`` of the
@@ -638,7 +663,7 @@ class SelectiveDocDecoder(TransformerDecoderBase):
                 keys, values = self.frozen_memory_states(encoder_out, prev, mem_enc)
             return keys, values, _real_words(prev, self.dictionary)
         with plain_attention(self):
-            x, _, keys = self._features_and_source_attention(self, prev, mem_enc)
+            x, keys = self._memory_features(self, prev, mem_enc)
         return keys.transpose(0, 1), x, _real_words(prev, self.dictionary)
 
     def frozen_memory_states(self, encoder_out: Dict[str, List[Tensor]], prev: Tensor,
@@ -659,7 +684,7 @@ class SelectiveDocDecoder(TransformerDecoderBase):
                 keys, values = [], []
                 for a, b in _row_chunks(prev.size(0), max(prev.size(1), enc_states.size(0)),
                                         self.memory_chunk_tokens):
-                    x, _, k = self._features_and_source_attention(
+                    x, k = self._memory_features(
                         dec, prev[a:b], {"encoder_out": [enc_states[:, a:b]],
                                          "encoder_padding_mask": [src_pad[a:b]]})
                     keys.append(k.transpose(0, 1))
@@ -708,7 +733,7 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         cols = _cut(enc_states.size(0), max(src_lens[i] for i in rows), left_src)
         mem_enc = {"encoder_out": [enc_states.index_select(1, idx)[cols]],
                    "encoder_padding_mask": [src_pad.index_select(0, idx)[:, cols]]}
-        x, _, keys = cls._features_and_source_attention(dec, tokens, mem_enc)  # k x w x C
+        x, keys = cls._memory_features(dec, tokens, mem_enc)  # k x w x C
         pos = _real_positions(n, x.size(1), left_tgt, x.device)
         C = x.size(-1)
         return (keys.transpose(0, 1).reshape(-1, C).index_select(0, pos),
