@@ -697,6 +697,10 @@ class DocumentTranslationTask(TranslationTask):
                     f"{self.cfg.target_context_size}, direction {self.cfg.context_direction}, "
                     f"document context {self.cfg.document_context}, ablation "
                     f"{self.cfg.context_ablation}")
+        if training and (self.cfg.context_dropout or self.cfg.coword_dropout):
+            logger.info(f"{split}: context dropout {self.cfg.context_dropout}, CoWord dropout "
+                        f"{self.cfg.coword_dropout} (drawn per sentence and epoch from --seed "
+                        f"{self.cfg.seed}; this split only)")
         self._log_truncation(split, ds)
 
     #: options that change what a model sees, compared with the checkpoint's
