@@ -40,11 +40,11 @@ CONFIGS = {
                       ["gate", "ctx_mass", "ctx_frac"]),
     "selective_enc": (["--arch", "transformer_selective_doc", *SEL_ARGS],
                       ["gate", "ctx_mass", "ctx_frac", "sent_support", "sent_visible",
-                       "word_support"]),
+                       "word_support", "word_overflow"]),
     "selective_dec_sparse": (["--arch", "transformer_selective_doc_dec", *SEL_DEC_ARGS,
                               "--word-attn", "sparsemax"],
                              ["gate", "ctx_mass", "ctx_frac", "sent_support", "sent_visible",
-                              "word_support"]),
+                              "word_support", "word_overflow"]),
     "selective_flat_sentence": (["--arch", "transformer_selective_doc", *SEL_ARGS,
                                  "--doc-attention", "flat-sentence"],  # no word level
                                 ["gate", "ctx_mass", "ctx_frac", "sent_support",
@@ -147,6 +147,9 @@ def test_statistics_in_fairseq_train_logs(name, toy_bin, toy_corpus, tmp_path, c
                 assert v["sent_visible"] <= 7.0
             if "word_support" in v:
                 assert 1.0 <= v["word_support"] <= longest
+            if "word_overflow" in v:
+                # no word capacity by default (--doc-word-capacity 0): exact
+                assert v["word_overflow"] == 0.0
             if name == "selective_flat_sentence":  # softmax: every visible sentence
                 assert v["sent_support"] == pytest.approx(v["sent_visible"], rel=1e-5)
 
@@ -371,6 +374,30 @@ def test_selective_statistics(name, toy_bin):
     assert pairs == float(info["num_support_pairs"]) and pairs >= support
     assert words / pairs == pytest.approx(float(info["word_support"]), rel=1e-9)
     assert pairs <= words
+    over, n = _stat(log, "word_overflow")
+    assert n == n_th and over == float(info["word_overflow_sum"]) == 0.0
+
+
+def test_selective_word_overflow_is_logged(toy_bin):
+    """Above the word level's opt-in capacity (--doc-word-capacity 1, on the
+    per-token path), the (token, head) pairs whose support holds more
+    sentences are counted: ``word_overflow`` is their share, as the layer
+    counts them, on the device."""
+    _, model, ctx, sample = _setup(toy_bin, [*CONFIGS["selective_enc"][0],
+                                             "--doc-word-capacity", "1"])
+    attn = model._context_part().context_layer.context_attn
+    attn.dense_elems = 0  # the per-query formulation (exact) does not fit: per token
+    model.eval()
+    _, _, log = ctx(model, sample)
+    part = model._context_part()
+    part.record_stats = True
+    model(**sample["net_input"])
+    part.record_stats = False
+    over, n = _stat(log, "word_overflow")
+    assert over == float(part.last_info["word_overflow_sum"]) > 0
+    assert n == float(part.last_info["num_token_heads"]) >= over
+    support, _ = _stat(log, "sent_support")
+    assert support > n  # some (token, head) selected more than one sentence
 
 
 # --------------------------------------------------------------------------- aggregation

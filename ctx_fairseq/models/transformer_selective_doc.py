@@ -1055,7 +1055,11 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
         """``[sum, count]`` of the last recorded forward pass (see the module
         docstring): ``gate``, ``ctx_mass``, ``ctx_frac``, ``sent_support``,
         ``sent_visible`` and, when the attention has a word level
-        (hierarchical, flat-word), ``word_support``."""
+        (hierarchical, flat-word), ``word_support``; hierarchical also
+        ``word_overflow``: the share of the counted (token, head) pairs whose
+        Eq. 3 support held more sentences than the word level's capacity
+        (``--doc-word-capacity``; 0 = the word level was exact), summed on the
+        device (``word_overflow_sum``) like the others."""
         part = self._context_part()
         attn = part.context_layer.context_attn
         info = part.last_info or {}
@@ -1077,6 +1081,8 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
         if attn.uses_words:
             stats["word_support"] = torch.stack([get("word_support_sum"),
                                                  get("num_support_pairs")])
+        if attn.attention == "hierarchical":
+            stats["word_overflow"] = torch.stack([get("word_overflow_sum"), n_th])
         return stats
 
 
