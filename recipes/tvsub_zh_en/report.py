@@ -39,13 +39,16 @@ def _load(path):
 
 def _train_stats(work, name):
     log = os.path.join(work, "logs", f"train-{name}.log")
-    wps, updates = [], None
+    wps, wpb, updates = [], [], None
     if os.path.exists(log):
         for line in open(log, encoding="utf-8", errors="replace"):
             if re.search(r"\| (train_inner|train) \|", line):
                 m = re.search(r"\bwps[= ](\d+(?:\.\d+)?)", line)
                 if m:
                     wps.append(float(m.group(1)))
+                m = re.search(r"\bwpb[= ](\d+(?:\.\d+)?)", line)
+                if m:
+                    wpb.append(float(m.group(1)))
                 m = re.search(r"\bnum_updates[= ](\d+)", line)
                 if m:
                     updates = int(m.group(1))
@@ -60,6 +63,7 @@ def _train_stats(work, name):
         options = " ".join(line[4:] for line in open(args, encoding="utf-8").read().splitlines()
                            if line.startswith("arg="))
     return {"train_wps_mean": round(statistics.mean(wps), 1) if wps else None,
+            "target_tokens_per_update": round(statistics.mean(wpb), 1) if wpb else None,
             "updates": updates, "peak_rss_kb": peak, "train_options": options}
 
 
@@ -114,8 +118,8 @@ def markdown(res):
              f"{', '.join(t['documents'] or [])}.", "",
              "| model | architecture | BLEU (all refs) | BLEU (first ref) | d-BLEU (all refs) "
              "| d-BLEU (first ref, ctx-doc-bleu) | CXMI vs shuffled (nats/token) "
-             "| train tokens/s | peak RSS (MB) | updates |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| train tokens/s | target tokens/update | peak RSS (MB) | updates |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     sigs = set()
     for m, r in res["models"].items():
         if "signature" in r:
@@ -126,14 +130,19 @@ def markdown(res):
                      f"| {_fmt(r.get('bleu_first_ref'))} | {_fmt(r.get('d_bleu_all_refs'))} "
                      f"| {_fmt(r.get('d_bleu_first_ref'))} "
                      f"| {_fmt(cx, 4) if not isinstance(cx, str) else cx} "
-                     f"| {_fmt(r.get('train_wps_mean'), 0)} | {_fmt(peak, 0)} "
+                     f"| {_fmt(r.get('train_wps_mean'), 0)} "
+                     f"| {_fmt(r.get('target_tokens_per_update'), 0)} | {_fmt(peak, 0)} "
                      f"| {_fmt(r.get('updates'))} |")
     lines += ["", "BLEU: the tokenized, lowercased hypotheses (H- lines, BPE removed) against the "
               "references as published, sacreBLEU --tokenize none; signature(s): "
               + "; ".join(sorted(sigs)) + ".",
               "CXMI: mean log-probability per target token with the true context minus with "
               "another document's context (ctx-cxmi, shuffled); above zero: the model uses its "
-              "context.", "", "## Training options", ""]
+              "context.",
+              "Training tokens: fairseq's wps and wpb (target tokens, BPE units); every stage-2 "
+              "model trains the same number of updates of --max-tokens tokens, but the context "
+              "counts in --max-tokens, so a context model sees fewer target tokens per update "
+              "(compare the column).", "", "## Training options", ""]
     for m, r in res["models"].items():
         lines.append(f"- `{m}`: `{r.get('train_options') or 'not trained yet'}`")
     return "\n".join(lines) + "\n"

@@ -106,14 +106,14 @@ case $MODE in
         BPE_MERGES=${BPE_MERGES:-8000}
         dim=256; ffn=1024; heads=4; layers=3
         MAX_TOKENS=${MAX_TOKENS:-4096}
-        SENT_UPDATES=${SENT_UPDATES:-1200}
-        DOC_UPDATES=${DOC_UPDATES:-200}
+        SENT_UPDATES=${SENT_UPDATES:-900}
+        DOC_UPDATES=${DOC_UPDATES:-150}
         SENT_LR=(--lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 300 --warmup-init-lr 1e-7)
         DOC_LR=(--lr 2e-4 --lr-scheduler fixed)
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
-        MODELS=${MODELS-transformer concat context_aware han selective zhang2018} ;;
+        MODELS=${MODELS-transformer concat context_aware han selective} ;;
     gpu)
         EPISODES=${EPISODES:-0:}
         BPE_MERGES=${BPE_MERGES:-30000}
