@@ -195,7 +195,8 @@ def context_attention_stats(model, task, split: str = "test", max_tokens: int = 
         for sample in itr:
             if not sample:
                 continue
-            ni = {k: v.to(device) for k, v in sample["net_input"].items()}
+            ni = {k: v.to(device) if torch.is_tensor(v) else v  # numpy values stay
+                  for k, v in sample["net_input"].items()}
             model(**ni)
             g = layer.last_gate.mean(-1).transpose(0, 1).cpu().double()  # B x T
             tokens = sample["net_input"]["src_tokens"]

@@ -552,7 +552,7 @@ class TransformerHANModel(IterativeDecodingDemo, TransformerModel):
                                           d.eos(), k, non_words=(d.bos(),))
             ni[f"{side}_ctx_sentences"] = rows.view(batch_size, k, -1)
             ni[f"{side}_ctx_present"] = present
-        sample["net_input"] = {n: v.to(device) for n, v in ni.items()}
+        sample["net_input"] = {n: v.to(device) if torch.is_tensor(v) else v for n, v in ni.items()}
         sample["target"] = sample["target"].to(device)
         return sample
 
