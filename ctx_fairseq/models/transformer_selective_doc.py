@@ -20,15 +20,16 @@ document, and memory grows linearly with the document.
 
 Memory (``--context-memory``):
 
-* ``shared``: the memory comes from this model in the same forward pass, with
-  gradients. Encoder integration: the last encoder layer's states of the
+* ``shared`` (an option, beyond the paper; needs no stage-1 checkpoint): the
+  memory comes from this model in the same forward pass, with gradients. Encoder integration: the last encoder layer's states of the
   memory sentences; a memory sentence that is also a query of the batch is
   encoded once (``query_mem_row``). Decoder integration: the memory
   sentences' sources are encoded (queries reused) and their targets decoded
   with teacher forcing; keys are the last decoder layer's source-attention
   outputs (the context vectors), values its output states.
-* ``frozen`` (the paper's: "the keys and values produced from the pre-trained
-  sentence-level NMT model"): the same computation by a frozen copy of the
+* ``frozen`` (the default, the paper's, Sec. 3.3: "the keys and values
+  produced from the pre-trained sentence-level NMT model"; a new run needs
+  ``--init-from-sentence-checkpoint``): the same computation by a frozen copy of the
   sentence-level model (``memory_encoder`` / ``memory_decoder``, taken when
   the model is built, i.e. from ``--init-from-sentence-checkpoint`` in stage
   2, never trained, saved in the checkpoint), under ``torch.no_grad`` in eval
