@@ -871,10 +871,12 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
                                  "position, clipped to [-N, N]), for recency; 0: off, the "
                                  "paper's model (default 0)")
         parser.add_argument("--doc-word-capacity", type=int, metavar="K",
-                            help="selective word level: the K sentences of largest Eq. 3 weight "
-                                 "per query token and head (exact while the sparsemax support "
-                                 "has at most K sentences; overflows are counted in the context "
-                                 f"layer's word_overflow_sum; default {WORD_CAPACITY})")
+                            help="selective word level, beyond the paper: only the K sentences "
+                                 "of largest Eq. 3 weight per query token and head, an "
+                                 "approximation where the sparsemax support is larger (counted "
+                                 "in the context statistics' word_overflow); default "
+                                 f"{WORD_CAPACITY}: no capacity, every sentence of the support "
+                                 "(exact, the paper's model)")
         parser.add_argument("--dense-doc-attention", action="store_true",
                             help="word attention over every sentence (the reference path) "
                                  "instead of the sentence-sparsemax support only")
