@@ -8,6 +8,23 @@ out test sentences, so BLEU is computed on part of the test set (upstream
 issues facebookresearch/fairseq#5036 and #5351). Importing ``ctx_fairseq``
 (``--user-dir ctx_fairseq``) restores fairseq 0.12.2's behaviour: the last,
 smaller batch is kept. Every index appears in exactly one batch.
+
+``FairseqTask.get_batch_iterator`` (fairseq >= 0.12.3) orders the indices
+under ``numpy_seed(seed + epoch)`` (0.12.2: ``numpy_seed(seed)``), so which
+of the equally long sentences share a batch depends on the epoch the
+iterator is built for. A dataset whose iterator is reused across epochs
+(``can_reuse_epoch_itr_across_epochs``) gets its batches built once, at the
+first epoch of the run; a run resumed from a checkpoint in epoch ``e > 1``
+builds them for ``e`` instead: other batches (same sizes, other sentences),
+so a killed and resumed ``fairseq-train`` does not end with the weights of an
+uninterrupted run (with dropout 0 the loss of the first update after the
+resume already differs). Importing ``ctx_fairseq`` builds the batches of a
+reusable iterator as for epoch 1 whatever epoch it starts at (an
+uninterrupted run's batches: runs from scratch are unchanged); the iterator
+still starts at ``epoch`` (``dataset.set_epoch(epoch)``, the iterator's
+epoch, its per-epoch shuffling). Iterators rebuilt every epoch (not
+reusable, ``--disable-iterator-cache``-like calls, ``rebuild_batches``) use
+``seed + epoch`` in both runs and are left as they are.
 """
 
 import functools
@@ -43,3 +60,43 @@ def keep_last_batch() -> None:
 
     if not getattr(data_utils.batch_by_size, "ctx_fairseq_fixed", False):
         data_utils.batch_by_size = _keep_last_batch(data_utils.batch_by_size)
+
+
+def _reuse_first_epoch_batches(original):
+    @functools.wraps(original)
+    def get_batch_iterator(self, dataset, *args, epoch=1, disable_iterator_cache=False,
+                           update_epoch_batch_itr=False, **kwargs):
+        if args:  # fairseq passes everything after ``dataset`` by keyword
+            raise TypeError("get_batch_iterator: pass the arguments after dataset by keyword")
+        reusable = (not disable_iterator_cache and not update_epoch_batch_itr
+                    and self.can_reuse_epoch_itr(dataset)
+                    and not getattr(getattr(self, "cfg", None), "rebuild_batches", False))
+        cached = reusable and dataset in getattr(self, "dataset_to_epoch_iter", {})
+        if not reusable or cached or epoch <= 1:
+            return original(self, dataset, epoch=epoch,
+                            disable_iterator_cache=disable_iterator_cache,
+                            update_epoch_batch_itr=update_epoch_batch_itr, **kwargs)
+        itr = original(self, dataset, epoch=1, disable_iterator_cache=disable_iterator_cache,
+                       update_epoch_batch_itr=update_epoch_batch_itr, **kwargs)
+        itr.frozen_batches  # noqa: B018 (built now, as for epoch 1)
+        dataset.set_epoch(epoch)
+        itr.epoch = epoch
+        return itr
+
+    get_batch_iterator.ctx_fairseq_fixed = True
+    return get_batch_iterator
+
+
+def reuse_first_epoch_batches() -> None:
+    """Patch ``fairseq.tasks.FairseqTask.get_batch_iterator`` (idempotent):
+    a reusable iterator's batches do not depend on the epoch it starts at."""
+    from fairseq.tasks import FairseqTask
+
+    if not getattr(FairseqTask.get_batch_iterator, "ctx_fairseq_fixed", False):
+        FairseqTask.get_batch_iterator = _reuse_first_epoch_batches(
+            FairseqTask.get_batch_iterator)
+
+
+# Applied on import, as ``ctx_fairseq`` applies ``keep_last_batch``: a resumed
+# run must build the batches an uninterrupted one builds.
+reuse_first_epoch_batches()
