@@ -3,6 +3,7 @@ generation (only the current sentence's translation is kept), own target
 context in document order, contrastive scoring of the current sentence only,
 loss weighting."""
 
+import math
 import os
 import re
 import sys
@@ -231,6 +232,97 @@ def test_one_generator_call_per_batch_equals_one_per_prefix_length(concat_ckpt, 
                                           atol=1e-9)
                     rows += 1
     assert lengths >= 4 and rows >= 48  # a batch of 4 prefix lengths or more
+
+
+class _UniformEnsemble:
+    """A generator's ``EnsembleModel`` stand-in: uniform log-probabilities."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def forward_decoder(self, tokens, *args, **kwargs):
+        return torch.full((tokens.size(0), self.vocab), -math.log(self.vocab)), None
+
+    def reorder_incremental_state(self, incremental_states, new_order):
+        pass
+
+
+class _LimitsGenerator:
+    """The attributes of fairseq's ``SequenceGenerator`` that
+    :class:`ForcedPrefixes` reads."""
+
+    def __init__(self, max_len_b, min_len, max_len=1024, beam=2, vocab=12):
+        self.beam_size, self.max_len_a, self.max_len_b = beam, 0, max_len_b
+        self.max_len, self.min_len, self.eos = max_len, min_len, 2
+        self.match_source_len, self.token_indices_to_suppress = False, None
+        self.model = _UniformEnsemble(vocab)
+
+
+def _prefix_sample(plen, ids, vocab=12):
+    width = max(plen)
+    prefix = torch.full((len(plen), width), 1, dtype=torch.long)
+    for r, n in enumerate(plen):
+        prefix[r, :n] = torch.arange(n) % (vocab - 4) + 4
+    return {"id": torch.tensor(ids), "nsentences": len(plen),
+            "net_input": {"src_tokens": torch.full((len(plen), 5), 4, dtype=torch.long)},
+            "target_prefix": prefix, "target_prefix_len": torch.tensor(plen)}
+
+
+def test_forced_prefixes_refuse_a_row_whose_minimum_length_exceeds_its_maximum():
+    """A row with ``n + --min-len > min(max_len_a * src + max_len_b + n,
+    max_len - 1)`` (fairseq's call per length asserted ``min_len <=
+    max_len``): a clear error before generation naming the sentence and its
+    lengths, not a row of ``-inf`` at its last step (a wrong translation).
+    The boundary (equal lengths) is generated: the row's end of sentence
+    comes exactly at its last step."""
+    from ctx_fairseq.host_reads import HostReadCounter
+    from ctx_fairseq.tasks.document_translation import ForcedPrefixes
+
+    # the model's maximum target positions bind: max_len - 1 = 9; the row of a
+    # 8-token context may end at step 9 at the latest but --min-len 2 needs 10
+    gen = _LimitsGenerator(max_len_b=200, min_len=2, max_len=10)
+    sample = _prefix_sample([3, 8, 0], ids=[41, 42, 43])
+    with pytest.raises(RuntimeError) as e:
+        ForcedPrefixes(gen, sample, [3, 8, 0])
+    msg = str(e.value)
+    assert "sentence 42 (batch row 1)" in msg and "8-token target context" in msg
+    assert "--min-len 2 need at least 10" in msg and "at most 9 target tokens" in msg
+    assert "maximum target positions 10" in msg
+    # --max-len-b binds every row (3 + 3 > 2 + 3); the generator's own limits
+    # (min_len 3 <= 2 + the longest prefix, 8) would not have caught it
+    gen = _LimitsGenerator(max_len_b=2, min_len=3)
+    with pytest.raises(RuntimeError, match=r"sentence 41 \(batch row 0\): its 3-token target "
+                                           r"context and --min-len 3 need at least 6.*at most 5 "
+                                           r"target tokens fit: min\(int\(--max-len-a 0 \* "
+                                           r"source length 5 \+ --max-len-b 2\) \+ 3"):
+        ForcedPrefixes(gen, sample, [3, 8, 0])
+    # a context that leaves no step at all (already refused), now naming the sentence
+    gen = _LimitsGenerator(max_len_b=200, min_len=0, max_len=9)
+    with pytest.raises(RuntimeError, match=r"sentence 42 \(batch row 1\): its 8-token target "
+                                           r"context leaves no step for the translation"):
+        ForcedPrefixes(gen, sample, [3, 8, 0])
+    # the boundary: n + min_len == max_len_r for row 1 (8 + 1 == 9) is generated
+    gen = _LimitsGenerator(max_len_b=200, min_len=1, max_len=10, beam=1)
+    with HostReadCounter() as built:
+        forced = ForcedPrefixes(gen, sample, [3, 8, 0])
+    # the check is host arithmetic on the prefix lengths: no value read back
+    # (counted "cpu": the .to(the batch's device) of the prefixes, a no-op where
+    # the batch is, which the counter cannot tell on the CPU)
+    assert set(built.by_op) <= {"cpu"}
+    steps = []
+    with HostReadCounter() as reads, forced:
+        for step in range(10):
+            steps.append(gen.model.forward_decoder(torch.zeros(3, step + 1, dtype=torch.long))[0])
+    assert reads.total == 0
+    for step, lprobs in enumerate(steps):
+        row = lprobs[1]
+        if step < 8:  # the prefix
+            assert torch.isfinite(row).sum() == 1 and torch.isfinite(row[4 + step % 8])
+        elif step == 8:  # --min-len: no end of sentence yet
+            assert not torch.isfinite(row[gen.eos]) and torch.isfinite(row).sum() == 11
+        else:  # the last step: only the end of sentence
+            assert torch.isfinite(row[gen.eos]) and torch.isfinite(row).sum() == 1
+        assert torch.isfinite(lprobs).any(1).all()  # no row without a way on
 
 
 def test_alignment_of_the_current_sentence(concat_ckpt, toy_bin):

@@ -321,8 +321,17 @@ class ForcedPrefixes:
     rows at every step, finished sentences removed).
 
     ``--match-source-len`` (the limit from the concatenated source, per
-    call) is refused; so is a prefix that leaves a row no step for its
-    translation (``max_len_r <= n_r``)."""
+    call) is refused. So is, before generation (from the prefix lengths,
+    known on the host: no read back per step), a row whose limits cannot be
+    met, with the sentence's id and its lengths named: a prefix that leaves
+    no step for the translation (``max_len_r <= n_r``), and a row whose
+    minimum length is beyond its maximum (``min_len_r = n_r + min_len >
+    max_len_r``, e.g. ``--min-len >= 2`` with a context near the maximum
+    target positions), which fairseq's own call per length refused by an
+    assertion (``min_len <= max_len``) and which here would leave the row
+    every token at ``-inf`` at step ``max_len_r`` (a wrong translation).
+    Every row meeting both, the generator's own limits (``min_len`` at or
+    below each row's, ``max_len`` at or above) hold too."""
 
     def __init__(self, generator, sample, plen: List[int]):
         self.gen = generator
@@ -339,12 +348,7 @@ class ForcedPrefixes:
         longest = max(plen)
         base = int(generator.max_len_a * src.size(1) + generator.max_len_b)
         limit = generator.max_len - 1
-        short = [n for n in plen if min(base + n, limit) <= n]
-        if short:
-            raise RuntimeError(
-                f"--concat-context: a {short[0]}-token target context leaves no step for the "
-                f"translation (the model's maximum target positions, {generator.max_len}, or "
-                "--max-len-a/--max-len-b are too small)")
+        self._check_lengths(sample, plen, base, limit, src.size(1))
         prefix = sample["target_prefix"]
         self.prefix = prefix[:, :longest].to(device)
         self.plen = sample["target_prefix_len"].to(device)
@@ -355,6 +359,31 @@ class ForcedPrefixes:
         self.rows = torch.arange(len(plen), device=device).repeat_interleave(self.beam)
         self.longest = longest
         self.not_eos = None
+
+    def _check_lengths(self, sample, plen: List[int], base: int, limit: int, src_len: int):
+        """Every row's limits met (see the class): else an error naming the
+        first failing row's sentence and its lengths. Host arithmetic on the
+        prefix lengths; the sentence's id is read only to raise."""
+        g = self.gen
+        for r, n in enumerate(plen):
+            max_len_r = min(base + n, limit)
+            min_len_r = n + g.min_len
+            if max_len_r > n and min_len_r <= max_len_r:
+                continue
+            ids = sample.get("id")
+            sid = int(ids[r]) if ids is not None else r  # (error path only)
+            how = (f"at most {max_len_r} target tokens fit: min(int(--max-len-a "
+                   f"{g.max_len_a} * source length {src_len} + --max-len-b {g.max_len_b}) + "
+                   f"{n}, the model's maximum target positions {g.max_len} - 1)")
+            if max_len_r <= n:
+                raise RuntimeError(
+                    f"--concat-context: sentence {sid} (batch row {r}): its {n}-token target "
+                    f"context leaves no step for the translation; {how}")
+            raise RuntimeError(
+                f"--concat-context: sentence {sid} (batch row {r}): its {n}-token target "
+                f"context and --min-len {g.min_len} need at least {min_len_r} target tokens, "
+                f"but {how}; lower --min-len, raise --max-len-a/--max-len-b, or shorten the "
+                "target context (--target-context-size / the maximum target positions)")
 
     def __enter__(self):
         g = self.gen
