@@ -438,3 +438,110 @@ def test_param_count_base_scale():
     full = count_parameters("transformer_dc_wmt_en_de_full", vocab_size=1000)
     assert enc - base == 6 * 2_100_736
     assert full - base == 12 * 2_100_736
+
+
+# --------------------------------------------------------------------------- two-stage training
+
+SENTENCE_LEVEL = ["--task", "document_translation", "--source-context-size", "0",
+                  "--share-all-embeddings"]
+
+
+def _task_and_cfg(toy_bin, arch, *extra):
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        toy_bin, "--arch", arch, *SENTENCE_LEVEL, *TINY_MODEL_ARGS, *extra])
+    cfg = convert_namespace_to_omegaconf(args)
+    return tasks.setup_task(cfg.task), cfg
+
+
+@pytest.mark.parametrize("arch", ["transformer_dc", "transformer_dc_full"])
+def test_init_from_sentence_checkpoint(toy_bin, sentence_ckpt, arch, caplog):
+    """Every parameter of the stage-1 transformer is loaded (a DC layer's
+    global attention from the transformer's self-attention); the Local
+    Context Units and local attentions keep their initialisation (equal to
+    those of a model built with the same seed without the checkpoint); the
+    log names the renamed and the new tensors."""
+    import logging
+
+    from fairseq import checkpoint_utils
+
+    from ctx_fairseq.models.transformer_dc import is_dc_tensor, transformer_name
+
+    task, cfg = _task_and_cfg(toy_bin, arch, "--init-from-sentence-checkpoint", sentence_ckpt)
+    torch.manual_seed(3)
+    with caplog.at_level(logging.INFO):
+        model = task.build_model(cfg.model)
+    torch.manual_seed(3)
+    plain = task.build_model(cfg.model, from_checkpoint=True)  # the initialisation alone
+    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    ours, init = model.state_dict(), plain.state_dict()
+    new = [n for n in ours if is_dc_tensor(n)]
+    shared = [n for n in ours if not is_dc_tensor(n)]
+    assert {transformer_name(n) for n in shared} == set(theirs)  # every one, each once
+    assert "encoder.layers.1.self_attn.global_attn.q_proj.weight" in shared
+    for n in shared:
+        assert torch.equal(ours[n], theirs[transformer_name(n)].to(ours[n].dtype)), n
+    assert not torch.equal(init["encoder.layers.0.fc1.weight"],
+                           theirs["encoder.layers.0.fc1.weight"])
+    assert any(".local_context." in n for n in new) and any(".local_attn." in n for n in new)
+    assert arch != "transformer_dc_full" or any(n.startswith("decoder.") for n in new)
+    for n in new:
+        assert torch.equal(ours[n], init[n]), n
+    log = caplog.text
+    assert f"loaded {len(shared)} tensors" in log and f"fresh {len(new)} tensors" in log
+    assert ("encoder.layers.0.self_attn.q_proj.weight -> "
+            "encoder.layers.0.self_attn.global_attn.q_proj.weight") in log
+    assert "encoder.layers.0.self_attn.local_context.window_proj.weight" in log
+    assert "unused from the checkpoint: -" in log
+
+
+def test_init_from_sentence_checkpoint_then_training_continues(toy_bin, sentence_ckpt, tmp_path):
+    """fairseq-train from the stage-1 checkpoint: training runs, moves the
+    loaded parameters, and the saved model generates."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_cli_utils import generate, train
+
+    save = str(tmp_path / "dc")
+    train([toy_bin, "--arch", "transformer_dc", *SENTENCE_LEVEL, *TINY_MODEL_ARGS,
+           "--init-from-sentence-checkpoint", sentence_ckpt, "--optimizer", "adam",
+           "--lr", "1e-3", "--max-tokens", "500", "--max-update", "3", "--save-dir", save,
+           "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
+           "--disable-validation"])
+    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(save, "checkpoint_last.pt"))
+    assert state["optimizer_history"][-1]["num_updates"] == 3
+    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    w = state["model"]["encoder.layers.0.self_attn.global_attn.q_proj.weight"]
+    assert torch.isfinite(w).all()
+    start = theirs["encoder.layers.0.self_attn.q_proj.weight"]
+    assert not torch.equal(w.float(), start.float())  # trained from there
+    assert (w.float() - start.float()).abs().max() < 0.05  # (3 steps of lr 1e-3)
+    out = generate([toy_bin, "--path", os.path.join(save, "checkpoint_last.pt"),
+                    *SENTENCE_LEVEL[:4], "--beam", "2", "--max-tokens", "500",
+                    "--gen-subset", "test", "--num-workers", "0"])
+    assert len(hypotheses(out)) == sum(1 for _ in open(os.path.join(toy_bin, "test.docids")))
+
+
+def test_init_from_an_incompatible_checkpoint_is_an_error(toy_bin, sentence_ckpt, tmp_path):
+    task, cfg = _task_and_cfg(toy_bin, "transformer_dc", "--encoder-layers", "3",
+                              "--init-from-sentence-checkpoint", sentence_ckpt)
+    with pytest.raises(ValueError, match=r"6 of this model's transformer tensors are not in "
+                                         r"the checkpoint \(encoder.layers.2."):
+        task.build_model(cfg.model)  # (fc1, fc2, layer norms of the third layer)
+    task, cfg = _task_and_cfg(toy_bin, "transformer_dc", "--decoder-layers", "1",
+                              "--init-from-sentence-checkpoint", sentence_ckpt)
+    with pytest.raises(ValueError, match=r"tensors of the checkpoint have no place in this "
+                                         r"model \(decoder.layers.1."):
+        task.build_model(cfg.model)
+    task, cfg = _task_and_cfg(toy_bin, "transformer_dc", "--encoder-ffn-embed-dim", "48",
+                              "--init-from-sentence-checkpoint", sentence_ckpt)
+    with pytest.raises(ValueError, match=r"encoder.layers.0.fc1.weight has shape \(64, 32\) "
+                                         r"there but \(48, 32\) here"):
+        task.build_model(cfg.model)
+    model, _, _ = build("transformer_dc", double=False)  # another vocabulary
+    with pytest.raises(ValueError, match="encoder.embed_tokens.weight has shape"):
+        model.load_sentence_checkpoint(sentence_ckpt)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        model.load_sentence_checkpoint(str(tmp_path / "missing.pt"))

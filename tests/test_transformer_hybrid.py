@@ -543,3 +543,122 @@ def test_train_and_generate_cli(mode, toy_bin, tmp_path):
     keys = state["model"].keys()
     assert ("encoder.layers.0.self_attn.gate_proj.weight" in keys) == (mode == "gate")
     assert ("encoder.layers.1.self_attn.local_out_proj.weight" in keys) == (mode == "concat")
+
+
+# ------------------------------------------------- two-stage training
+SENTENCE_LEVEL = ["--task", "document_translation", "--source-context-size", "0",
+                  "--share-all-embeddings"]
+
+
+def _task_and_cfg(toy_bin, *extra):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_cli_utils import TINY_MODEL_ARGS
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        toy_bin, "--arch", "transformer_hybrid", *SENTENCE_LEVEL, *TINY_MODEL_ARGS, *extra])
+    cfg = convert_namespace_to_omegaconf(args)
+    return tasks.setup_task(cfg.task), cfg
+
+
+@pytest.mark.parametrize("extra", [[], ["--hybrid-mode", "concat", "--hybrid-decoder-layers",
+                                        "all"],
+                                   ["--hybrid-mode", "gauss-both"]],
+                         ids=["gate", "concat-dec", "gauss-both"])
+def test_init_from_sentence_checkpoint(toy_bin, sentence_ckpt, extra, caplog):
+    """Every parameter of the stage-1 transformer is loaded under its own
+    name; the gates, local projections and position predictors keep their
+    initialisation (equal to those of a model built with the same seed
+    without the checkpoint); the log names the new tensors."""
+    import logging
+
+    from fairseq import checkpoint_utils
+
+    from ctx_fairseq.models.transformer_hybrid import is_hybrid_tensor
+
+    task, cfg = _task_and_cfg(toy_bin, *extra, "--init-from-sentence-checkpoint", sentence_ckpt)
+    torch.manual_seed(3)
+    with caplog.at_level(logging.INFO):
+        model = task.build_model(cfg.model)
+    torch.manual_seed(3)
+    plain = task.build_model(cfg.model, from_checkpoint=True)  # the initialisation alone
+    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    ours, init = model.state_dict(), plain.state_dict()
+    new = [n for n in ours if is_hybrid_tensor(n)]
+    shared = [n for n in ours if not is_hybrid_tensor(n)]
+    assert set(shared) == set(theirs)  # every one
+    for n in shared:
+        assert torch.equal(ours[n], theirs[n].to(ours[n].dtype)), n
+    assert not torch.equal(init["encoder.layers.0.self_attn.q_proj.weight"],
+                           theirs["encoder.layers.0.self_attn.q_proj.weight"])
+    assert new and all(n.startswith("encoder.layers.") for n in new) == (
+        "--hybrid-decoder-layers" not in extra)
+    for n in new:
+        assert torch.equal(ours[n], init[n]), n
+    log = caplog.text
+    assert f"loaded {len(shared)} tensors" in log and f"fresh {len(new)} tensors" in log
+    assert new[0] in log and "unused from the checkpoint: -" in log
+
+
+def test_init_from_sentence_checkpoint_then_training_continues(toy_bin, sentence_ckpt, tmp_path):
+    """fairseq-train from the stage-1 checkpoint: training runs, moves the
+    loaded parameters and the gate, and the saved model generates."""
+    import os
+
+    from fairseq import checkpoint_utils
+
+    from fairseq_cli_utils import TINY_MODEL_ARGS, generate
+
+    save = str(tmp_path / "hybrid")
+    train([toy_bin, "--arch", "transformer_hybrid", *SENTENCE_LEVEL, *TINY_MODEL_ARGS,
+           "--init-from-sentence-checkpoint", sentence_ckpt, "--optimizer", "adam",
+           "--lr", "1e-3", "--max-tokens", "500", "--max-update", "3", "--save-dir", save,
+           "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
+           "--disable-validation"])
+    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(save, "checkpoint_last.pt"))
+    assert state["optimizer_history"][-1]["num_updates"] == 3
+    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    name = "encoder.layers.0.self_attn.q_proj.weight"
+    w, start = state["model"][name].float(), theirs[name].float()
+    assert torch.isfinite(w).all() and not torch.equal(w, start)
+    assert (w - start).abs().max() < 0.05  # trained from there (3 steps of lr 1e-3)
+    gate = state["model"]["encoder.layers.0.self_attn.gate_proj.weight"]
+    assert gate.abs().max() > 0  # initialised at zero, trained
+    out = generate([toy_bin, "--path", os.path.join(save, "checkpoint_last.pt"),
+                    *SENTENCE_LEVEL[:4], "--beam", "2", "--max-tokens", "500",
+                    "--gen-subset", "test", "--num-workers", "0"])
+    assert len(hypotheses(out)) == sum(1 for _ in open(os.path.join(toy_bin, "test.docids")))
+
+
+def test_init_from_an_incompatible_checkpoint_is_an_error(toy_bin, sentence_ckpt, tmp_path):
+    task, cfg = _task_and_cfg(toy_bin, "--decoder-layers", "3",
+                              "--init-from-sentence-checkpoint", sentence_ckpt)
+    with pytest.raises(ValueError, match=r"of this model's transformer tensors are not in "
+                                         r"the checkpoint \(decoder.layers.2."):
+        task.build_model(cfg.model)
+    task, cfg = _task_and_cfg(toy_bin, "--encoder-layers", "1", "--hybrid-encoder-layers", "1",
+                              "--init-from-sentence-checkpoint", sentence_ckpt)
+    with pytest.raises(ValueError, match=r"tensors of the checkpoint have no place in this "
+                                         r"model \(encoder.layers.1."):
+        task.build_model(cfg.model)
+    task, cfg = _task_and_cfg(toy_bin, "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+                              "--init-from-sentence-checkpoint", sentence_ckpt)
+    with pytest.raises(ValueError, match=r"has shape \(\d+, 32\) there but \(\d+, 16\) here"):
+        task.build_model(cfg.model)
+    with pytest.raises(ValueError, match="encoder.embed_tokens.weight has shape"):
+        build().load_sentence_checkpoint(sentence_ckpt)  # another vocabulary and size
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        build().load_sentence_checkpoint(str(tmp_path / "missing.pt"))
+
+
+def test_init_option_with_another_task_is_not_read_silently(caplog):
+    """fairseq's translation task builds the model without reading the
+    checkpoint (only document_translation knows a new run from a restored
+    one): it says so."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        TransformerHybridModel.build_model(
+            tiny_args(init_from_sentence_checkpoint="stage1.pt"), FakeTask(make_dict()))
+    assert "--init-from-sentence-checkpoint stage1.pt is not read by --task FakeTask" in caplog.text

@@ -9,7 +9,7 @@ ctx-bench and ctx-demo hooks (:func:`bench_batch`,
 import argparse
 import logging
 from contextlib import contextmanager
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -72,12 +72,23 @@ def to_namespace(args):
     return args
 
 
-def load_sentence_checkpoint(model, path: str) -> Dict[str, List[str]]:
+def load_sentence_checkpoint(model, path: str, their_name: Optional[Callable[[str], str]] = None,
+                             new: Optional[Callable[[str], bool]] = None
+                             ) -> Dict[str, List[str]]:
     """Copy every parameter/buffer whose name and shape match from a
     sentence-level fairseq checkpoint; returns (and logs) the names
     ``loaded``, ``fresh`` (not in the checkpoint) and ``unused`` (in the
     checkpoint only). A name present in both with another shape is an
-    error (a different vocabulary or model size)."""
+    error (a different vocabulary or model size).
+
+    ``their_name`` maps a name of ``model`` to the checkpoint's name for it
+    (where the model keeps a transformer module under another name, e.g. the
+    Dual Contextual module's ``self_attn.global_attn`` is the transformer's
+    ``self_attn``). ``new``, for a model that extends the transformer, tells
+    its own new tensors (``new(name)``); then the checkpoint must be a
+    transformer of the same shape: every tensor of the model but the new ones
+    found there, and every tensor of the checkpoint loaded (fewer or more
+    layers, another model: an error naming the tensors)."""
     import os
 
     from fairseq import checkpoint_utils
@@ -89,32 +100,74 @@ def load_sentence_checkpoint(model, path: str) -> Dict[str, List[str]]:
     if not isinstance(theirs, dict):
         raise ValueError(f"--init-from-sentence-checkpoint {path}: not a fairseq checkpoint "
                          "(no 'model' state)")
+    rename = their_name or (lambda n: n)
     own = model.state_dict()
-    loaded, fresh = [], []
+    loaded, fresh, source = [], [], {}
     for name, value in own.items():
-        if name not in theirs:
+        theirs_name = rename(name)
+        if theirs_name not in theirs:
             fresh.append(name)
-        elif tuple(theirs[name].shape) != tuple(value.shape):
+        elif tuple(theirs[theirs_name].shape) != tuple(value.shape):
+            shown = name if theirs_name == name else f"{name} (there {theirs_name})"
             raise ValueError(
-                f"--init-from-sentence-checkpoint {path}: {name} has shape "
-                f"{tuple(theirs[name].shape)} there but {tuple(value.shape)} here; expected "
-                "the same vocabulary (data-bin) and model dimensions")
+                f"--init-from-sentence-checkpoint {path}: {shown} has shape "
+                f"{tuple(theirs[theirs_name].shape)} there but {tuple(value.shape)} here; "
+                "expected the same vocabulary (data-bin) and model dimensions")
         else:
             loaded.append(name)
+            source[name] = theirs_name
     if not any(n.startswith("encoder.layers.") for n in loaded):
         raise ValueError(f"--init-from-sentence-checkpoint {path}: no encoder layer matches; "
                          "expected a sentence-level transformer checkpoint")
-    unused = sorted(n for n in theirs if n not in own)
+    used = set(source.values())
+    unused = sorted(n for n in theirs if n not in used)
+    if new is not None:
+        missing = [n for n in fresh if not new(n)]
+        for names, what in ((missing, "of this model's transformer tensors are not in the "
+                                      "checkpoint"),
+                            (unused, "tensors of the checkpoint have no place in this model")):
+            if names:
+                raise ValueError(
+                    f"--init-from-sentence-checkpoint {path}: {len(names)} {what} "
+                    f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); expected a "
+                    "sentence-level transformer of the same shape (layers, dimensions, "
+                    "--share-all-embeddings / --share-decoder-input-output-embed)")
     with torch.no_grad():
         for name in loaded:
-            own[name].copy_(theirs[name].to(own[name].dtype))
+            own[name].copy_(theirs[source[name]].to(own[name].dtype))
     n_loaded = sum(own[n].numel() for n in loaded)
     n_fresh = sum(own[n].numel() for n in fresh)
+    renamed = [f"{source[n]} -> {n}" for n in loaded if source[n] != n]
     logger.info(f"init from sentence-level checkpoint {path}: loaded {len(loaded)} tensors "
-                f"({n_loaded:,} values); fresh {len(fresh)} tensors ({n_fresh:,} values): "
+                f"({n_loaded:,} values)"
+                + (f", {len(renamed)} under new names: {', '.join(renamed)}" if renamed else "")
+                + f"; fresh {len(fresh)} tensors ({n_fresh:,} values): "
                 f"{', '.join(fresh) or '-'}; unused from the checkpoint: "
                 f"{', '.join(unused) or '-'}")
     return {"loaded": loaded, "fresh": fresh, "unused": unused}
+
+
+def add_sentence_init_option(parser, what: str) -> None:
+    """``--init-from-sentence-checkpoint`` of a sentence-level model that
+    extends the transformer (``what``: its new parameters, for the help)."""
+    parser.add_argument(
+        "--init-from-sentence-checkpoint", type=str, metavar="PATH",
+        help="start from a stage-1 sentence-level transformer checkpoint of the same shape "
+             f"(every transformer parameter loaded; {what} left at their initialisation); "
+             "read by --task document_translation in a new run only (not when the run "
+             "restores a checkpoint, nor when loading this model's own checkpoints)")
+
+
+def warn_sentence_init_unread(args, task) -> None:
+    """``--init-from-sentence-checkpoint`` is read by the ``document_translation``
+    task once the model is built (which knows whether the run restores a
+    checkpoint); another task builds the model both for a new run and to load
+    its own checkpoints, so it cannot tell: say that it is not read."""
+    path = getattr(args, "init_from_sentence_checkpoint", None)
+    if path and not hasattr(task, "checkpoint_to_restore"):
+        logger.warning(f"--init-from-sentence-checkpoint {path} is not read by --task "
+                       f"{type(task).__name__}: train with --task document_translation "
+                       "(--source-context-size 0 for a sentence-level model) to start from it")
 
 
 @contextmanager

@@ -25,6 +25,23 @@ transformer_dc_iwslt_full       Full-DC     IWSLT shape
 ==============================  ==========  ==================================
 
 Parameter counts: :func:`param_count_table` (see ``docs/transformer_dc.md``).
+
+Two-stage training: ``--init-from-sentence-checkpoint PATH`` (read by
+``--task document_translation --source-context-size 0`` in a new run, as for
+the context models) starts from a stage-1 sentence-level ``transformer`` of the
+same shape. Every transformer tensor is loaded: a DC layer's ``self_attn`` is
+:class:`~ctx_fairseq.modules.dual_context.DualContextAttention`, whose
+``global_attn`` *is* the transformer's self-attention (``h_g`` of Eq. 7 with
+``(W_z^g, b_z)`` of Eq. 8 as its output projection), so the checkpoint's
+``...self_attn.X`` goes to ``...self_attn.global_attn.X``; every other name
+matches (the other layers are fairseq's, the DC layers subclass fairseq's).
+New, left at their initialisation: the Local Context Unit (Eq. 6,
+``self_attn.local_context``) and ``h_l``'s attention (``self_attn.local_attn``,
+whose output projection is ``W_z^l``). So the initial model is the transformer
+plus ``h_l``, not the transformer itself. A checkpoint with a tensor of another
+shape, or tensors left over (more layers, another model), is an error; the log
+lists the loaded (renamed) and the new tensors
+(:func:`~ctx_fairseq.models._fairseq_utils.load_sentence_checkpoint`).
 """
 
 import argparse
@@ -39,7 +56,15 @@ from fairseq.models.transformer import (
 )
 from fairseq.models.transformer.transformer_legacy import base_architecture
 
-from ctx_fairseq.models._fairseq_utils import model_shape, set_default, to_namespace, wrap_layer
+from ctx_fairseq.models._fairseq_utils import (
+    add_sentence_init_option,
+    load_sentence_checkpoint,
+    model_shape,
+    set_default,
+    to_namespace,
+    warn_sentence_init_unread,
+    wrap_layer,
+)
 from ctx_fairseq.modules.dual_context import (
     DCTransformerDecoderLayer,
     DCTransformerEncoderLayer,
@@ -146,13 +171,22 @@ class TransformerDCModel(TransformerModel):
         parser.add_argument(
             "--dc-kernel-size", type=int, metavar="F",
             help="kernel size f of the Local Context Unit's convolution (default 2)")
+        add_sentence_init_option(parser, "the DC layers' Local Context Units and local "
+                                         "attentions (h_l)")
 
     @classmethod
     def build_model(cls, args, task):
         args = to_namespace(args)
         dc_base_architecture(args)
         dc_options(args)  # fail early, with the option's name, on a bad spec
+        warn_sentence_init_unread(args, task)
         return super().build_model(args, task)
+
+    def load_sentence_checkpoint(self, path: str) -> Dict[str, List[str]]:
+        """Stage 2 from a sentence-level transformer (see the module
+        docstring): called by the ``document_translation`` task in a new run."""
+        return load_sentence_checkpoint(self, path, their_name=transformer_name,
+                                        new=is_dc_tensor)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -167,6 +201,18 @@ class TransformerDCModel(TransformerModel):
         return DCTransformerDecoder(cfg, tgt_dict, embed_tokens,
                                     no_encoder_attn=cfg.no_cross_attention,
                                     dc_layers=dec, dc_kernel_size=f)
+
+
+def transformer_name(name: str) -> str:
+    """The sentence-level transformer's name for this model's tensor ``name``:
+    a DC layer's ``self_attn.global_attn`` is the transformer's ``self_attn``."""
+    return name.replace(".self_attn.global_attn.", ".self_attn.")
+
+
+def is_dc_tensor(name: str) -> bool:
+    """A tensor the transformer does not have: a DC layer's Local Context Unit
+    (Eq. 6) or ``h_l``'s attention (Eq. 7, with ``W_z^l`` of Eq. 8)."""
+    return ".self_attn.local_context." in name or ".self_attn.local_attn." in name
 
 
 # --------------------------------------------------------------------------- presets

@@ -30,12 +30,24 @@ docs/criterion.md): with ``--hybrid-mode gate`` the model reports the mean gate
 other modes have no gate and report nothing. Recording reuses the attention's
 ``record_gates`` hook (``record_context_statistics`` / ``context_statistics``,
 protocol in :mod:`ctx_fairseq.modules.context_statistics`).
+
+Two-stage training: ``--init-from-sentence-checkpoint PATH`` (read by
+``--task document_translation --source-context-size 0`` in a new run, as for
+the context models) starts from a stage-1 sentence-level ``transformer`` of the
+same shape. Every transformer tensor is loaded under its own name (a hybrid
+layer's self-attention subclasses fairseq's ``MultiheadAttention``: its
+``q/k/v/out_proj`` are the global pattern's). New, left at their
+initialisation: the gate ``gate_proj`` (zero weights: ``g = 0.5`` of Eq. 5 at
+the start), ``local_out_proj`` (``concat``), the Gaussian modes' position
+predictors. A checkpoint with a tensor of another shape, or tensors left over
+(more layers, another model), is an error; the log lists the loaded and the
+new tensors (:func:`~ctx_fairseq.models._fairseq_utils.load_sentence_checkpoint`).
 """
 
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from fairseq import utils
@@ -53,7 +65,12 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor
 
-from ctx_fairseq.models._fairseq_utils import wrap_layer
+from ctx_fairseq.models._fairseq_utils import (
+    add_sentence_init_option,
+    load_sentence_checkpoint,
+    warn_sentence_init_unread,
+    wrap_layer,
+)
 from ctx_fairseq.modules.hybrid_attention import (
     HYBRID_MODES,
     HybridAttentionConfig,
@@ -237,12 +254,20 @@ class TransformerHybridModel(TransformerModel):
         parser.add_argument(
             "--hybrid-gate-per-head", action="store_true",
             help="one gate scalar per head (and token) instead of one per token")
+        add_sentence_init_option(parser, "the hybrid layers' gates, local projections and "
+                                         "position predictors")
 
     @classmethod
     def build_model(cls, args, task):
         transformer_hybrid(args)  # fills defaults for older checkpoints
         HybridSettings.from_args(args)  # validate before building anything
+        warn_sentence_init_unread(args, task)
         return super().build_model(args, task)
+
+    def load_sentence_checkpoint(self, path: str) -> Dict[str, List[str]]:
+        """Stage 2 from a sentence-level transformer (see the module
+        docstring): called by the ``document_translation`` task in a new run."""
+        return load_sentence_checkpoint(self, path, new=is_hybrid_tensor)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -298,6 +323,15 @@ def hybrid_attention_modules(model):
                 label = f"{parts[0]}.{int(parts[2]) + 1}"
             found.append((label, module))
     return found
+
+
+HYBRID_TENSORS = ("gate_proj", "local_out_proj", "center_predictor", "window_predictor")
+
+
+def is_hybrid_tensor(name: str) -> bool:
+    """A tensor the transformer does not have: a hybrid self-attention's gate
+    (Eq. 5), ``concat``'s projection or a Gaussian mode's position predictor."""
+    return any(f".self_attn.{part}." in name for part in HYBRID_TENSORS)
 
 
 @register_model_architecture("transformer_hybrid", "transformer_hybrid")
