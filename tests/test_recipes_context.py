@@ -317,11 +317,27 @@ def check_maruf(work, src, tgt):
     n_suite = len((work / "suite" / "test.pronouns.jsonl").read_text().splitlines())
     assert n_suite > 0
     table = (results / "table.md").read_text()
+    table_json = json.loads((results / "table.json").read_text())
+    assert "| CXMI vs shuffled context (nats/token) |" in table.splitlines()[0]
     for m in models:
         check_bleu(results, m)
         acc = json.loads((results / m / "contrastive_pronouns.json").read_text())["overall"]
         assert acc["n"] == n_suite
         assert f"| {m} |" in table and f"{acc['correct']}/{n_suite}" in table
+        row = next(r for r in table.splitlines() if r.startswith(f"| {m} |"))
+        cxmi = row.rstrip(" |").rsplit("| ", 1)[1]
+        rec = table_json["models"][m]
+        assert rec["contrastive_pronouns"]["n"] == n_suite
+        if m == "sentence":  # sentence-level: no context to remove, no CXMI step
+            assert cxmi == "-" and rec["cxmi_shuffled"] is None
+            assert not (results / m / "cxmi").exists()
+        else:  # every context model, the document memory included: a number
+            cx = json.loads((results / m / "cxmi" / "cxmi.json").read_text())["shuffled"]
+            n_test = len((work / "data-bin" / "test.docids").read_text().split())
+            assert cx["tokens"] > n_test  # every reference token, </s> included
+            assert cxmi == f"{cx['cxmi']:.4f}" and float(cxmi) == pytest.approx(cx["cxmi"], abs=1e-4)
+            assert rec["cxmi_shuffled"] == {"cxmi": cx["cxmi"], "tokens": cx["tokens"]}
+            assert (results / m / "cxmi" / "tokens.jsonl").stat().st_size > 0
     # stage 2 started from stage 1 and logged the context gate (label_smoothed_cross_entropy_ctx)
     train_log = (work / "logs" / f"train-{tag}.log").read_text()
     assert "init from sentence-level checkpoint" in train_log and "gate" in train_log
@@ -338,7 +354,9 @@ def check_maruf(work, src, tgt):
 
 @pytest.fixture(scope="module")
 def europarl_smoke(tmp_path_factory):
-    return smoke("europarl_v7_en_de", tmp_path_factory.mktemp("europarl"))
+    # a test split of two speaker turns: CXMI's shuffled context comes from the other one
+    return smoke("europarl_v7_en_de", tmp_path_factory.mktemp("europarl"),
+                 env={"TEST_SENTENCES": "13"})
 
 
 def test_europarl_smoke(europarl_smoke):
@@ -348,12 +366,13 @@ def test_europarl_smoke(europarl_smoke):
     summary = json.loads((work / "docs.summary.json").read_text())
     assert summary["counts"]["<SPEAKER> boundaries"] == 12
     assert summary["counts"]["documents dropped: fewer than 6 sentences"] > 0
-    assert summary["splits"]["valid"]["sentences"] <= 7 and summary["splits"]["test"]["sentences"] <= 7
+    assert summary["splits"]["valid"]["sentences"] <= 7 and summary["splits"]["test"]["sentences"] <= 13
     ids = (work / "docs" / "train.docids").read_text().split()
     assert all(".t" in i for i in ids)  # speaker turns: SESSION.tNNNN
     valid_ids = set((work / "docs" / "valid.docids").read_text().split())
     test_ids = set((work / "docs" / "test.docids").read_text().split())
     assert not (set(ids) & (valid_ids | test_ids)) and not valid_ids & test_ids
+    assert len(test_ids) == 2
 
 
 def test_rerun_skips_finished_steps(europarl_smoke, tmp_path):
@@ -362,7 +381,7 @@ def test_rerun_skips_finished_steps(europarl_smoke, tmp_path):
     mtimes = {p: os.path.getmtime(work / p) for p in files_under(work)
               if not p.startswith("results/summary")}
     r = run("europarl_v7_en_de", "--smoke", "--raw", str(raw), "--workdir", str(work.parent),
-            timeout=120)
+            env={"TEST_SENTENCES": "13"}, timeout=120)
     assert r.returncode == 0, r.stderr
     steps = [x.split("step ", 1)[1] for x in first.stderr.splitlines() if "] step " in x]
     assert len(steps) >= 12
@@ -388,14 +407,19 @@ def test_europarl_smoke_decoder_integration_online(tmp_path):
     """Bilingual context (decoder integration) decodes iteratively; online context."""
     work, r, _ = smoke("europarl_v7_en_de", tmp_path,
                        env={"INTEGRATION": "decoder", "DOC_CONTEXT": "online", "VARIANT": "word",
-                            "BASELINES": ""})
+                            "BASELINES": "", "TEST_SENTENCES": "13"})
     tag = "decoder-online-word"
     check_bleu(work / "results", tag)
     assert (work / "generate" / f"{tag}.passes" / "generate-pass2.txt").exists()
     assert not (work / "checkpoints" / "context_aware").exists()
+    table = (work / "results" / "table.md").read_text()
     assert f"| {tag} | transformer_selective_doc_dec: iterative decoding (2 passes); " \
-        "pronouns scored with the references as target context (an oracle) |" in \
-        (work / "results" / "table.md").read_text()
+        "pronouns scored and CXMI measured with the references as target context (an oracle) |" \
+        in table
+    # CXMI of the bilingual document memory against another document's memory
+    cx = json.loads((work / "results" / tag / "cxmi" / "cxmi.json").read_text())
+    assert cx["documents"] == 2
+    assert table.splitlines()[3].endswith(f"| {cx['shuffled']['cxmi']:.4f} |")
 
 
 @pytest.mark.slow
@@ -591,6 +615,56 @@ def test_write_if_changed_writes_nothing_on_failure(tmp_path):
     assert out.read_text() == "old\n" and not (tmp_path / "t.md.part").exists()
     r = lib_call(tmp_path, f'f() {{ echo new; }}; ctx_write_if_changed "{out}" f')
     assert r.returncode == 0 and out.read_text() == "new\n"
+
+
+def test_results_table_cxmi_column(tmp_path):
+    """table.md and table.json: CXMI against shuffled context per context model
+    (4 decimals in the markdown, exact in the JSON), "-" for the sentence-level
+    model, "not measured" for a context model without ctx-cxmi's output."""
+    sig = "nrefs:1|case:mixed|eff:no|tok:none|smooth:exp|version:2.4.0"
+    for m, bleu in (("sentence", 10.0), ("context_aware", 11.25), ("han_enc", 9.5)):
+        d = tmp_path / "w" / "results" / m
+        d.mkdir(parents=True)
+        for prefix in ("tokenized_bleu", "sacrebleu"):
+            (d / f"{prefix}.json").write_text(json.dumps({
+                level: {"bleu": bleu, "signature": sig}
+                for level in ("sentence_level", "document_level")}))
+        (d / "contrastive_pronouns.json").write_text(json.dumps(
+            {"overall": {"accuracy": 0.5, "correct": 2, "n": 4, "ties": 0}}))
+    (tmp_path / "w" / "results" / "context_aware" / "cxmi").mkdir()
+    (tmp_path / "w" / "results" / "context_aware" / "cxmi" / "cxmi.json").write_text(json.dumps(
+        {"documents": 3, "shuffled": {"cxmi": 0.123456, "tokens": 321, "logprob_per_token": -2.0}}))
+    specs = "sentence=transformer context_aware=transformer_context_aware han_enc=transformer_han_enc"
+    r = lib_call(tmp_path, f"ctx_results_table md {specs}")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].endswith(" pronoun suite accuracy % (correct/n, ties) |"
+                             " CXMI vs shuffled context (nats/token) |")
+    assert lines[1].count("|") == lines[0].count("|")
+    assert lines[2] == ("| sentence | transformer | 10.00 | 10.00 | 10.00 | 10.00 "
+                        "| 50.0 (2/4, 0) | - |")
+    assert lines[3] == ("| context_aware | transformer_context_aware | 11.25 | 11.25 | 11.25 "
+                        "| 11.25 | 50.0 (2/4, 0) | 0.1235 |")
+    assert lines[4].endswith("| 50.0 (2/4, 0) | not measured |")
+    r = lib_call(tmp_path, f"ctx_results_table json {specs}")
+    assert r.returncode == 0, r.stderr
+    table = json.loads(r.stdout)
+    assert table["columns"][-1] == "cxmi_shuffled"
+    assert table["models"]["sentence"]["cxmi_shuffled"] is None
+    assert table["models"]["context_aware"]["cxmi_shuffled"] == {"cxmi": 0.123456, "tokens": 321}
+    assert table["models"]["han_enc"]["cxmi_shuffled"] == "not measured"
+    assert table["models"]["context_aware"]["tokenized_bleu_sentence_level"] == 11.25
+    assert table["signatures"]["sacrebleu"] == [sig]
+    # one test document: no other document to shuffle from, no number
+    (tmp_path / "w" / "results" / "han_enc" / "cxmi").mkdir()
+    (tmp_path / "w" / "results" / "han_enc" / "cxmi" / "cxmi.json").write_text(json.dumps(
+        {"documents": 1, "shuffled": {"cxmi": 0.0, "tokens": 50, "logprob_per_token": -2.0}}))
+    r = lib_call(tmp_path, f"ctx_results_table md {specs}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[4].endswith("| 50.0 (2/4, 0) | n/a (1 test document) |")
+    r = lib_call(tmp_path, f"ctx_results_table json {specs}")
+    rec = json.loads(r.stdout)["models"]["han_enc"]["cxmi_shuffled"]
+    assert rec["cxmi"] is None and "one document" in rec["reason"]
 
 
 def test_table_lists_earlier_models_and_skips_unknown_names(tmp_path):

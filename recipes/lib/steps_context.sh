@@ -408,33 +408,40 @@ ctx_write_if_changed() {
     if cmp -s "$out.part" "$out"; then rm -f "$out.part"; else mv "$out.part" "$out"; fi
 }
 
-# ctx_results_table MODEL=LABEL...: one markdown table of every model's scores
-# ($WORK/results/MODEL/{tokenized_bleu,sacrebleu}.json, and
-# contrastive_{pronouns,contrapro}.json where a model has them; LABEL: the
-# architecture and notes), with the signatures.
+# ctx_results_table FORMAT MODEL=LABEL...: every model's scores in one table,
+# FORMAT md (markdown, with the signatures) or json (the same values, unrounded:
+# {"columns": [...], "models": {MODEL: {...}}, "signatures": {...}}), from
+# $WORK/results/MODEL/{tokenized_bleu,sacrebleu}.json, contrastive_{pronouns,
+# contrapro}.json where a model has them, and cxmi/cxmi.json (ctx_maruf_cxmi:
+# CXMI against shuffled context, nats per target token); LABEL: the
+# architecture and notes. The model `sentence` (sentence-level, no context to
+# remove) has "-" for CXMI; a context model without cxmi.json (an earlier
+# version's results) "not measured"; a test split of one document "n/a" (no
+# other document for the shuffled context: the dataset would take it from the
+# same document, or, for a document memory, keep the document's own memory and
+# give exactly 0, which is not a measurement).
 ctx_results_table() {
     "$PY" - "$WORK/results" "$@" <<'PYEOF'
 import json, os, sys
 
-results, specs = sys.argv[1], sys.argv[2:]
+results, fmt, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+assert fmt in ("md", "json"), fmt
 names = {"pronouns": "pronoun suite", "contrapro": "ContraPro"}
 suites = [x for x in names if any(os.path.exists(os.path.join(results, spec.split("=", 1)[0],
                                                               f"contrastive_{x}.json"))
                                   for spec in specs)]
-print("| model | architecture | tokenized BLEU | document-level tokenized BLEU | sacreBLEU "
-      "| document-level sacreBLEU |"
-      + "".join(f" {names[x]} accuracy % (correct/n, ties) |" for x in suites))
-print("|---|---|---:|---:|---:|---:|" + "---:|" * len(suites))
-sigs = {}
+rows, table, sigs = [], {}, {}
 for spec in specs:
     model, label = spec.split("=", 1)
     d = os.path.join(results, model)
     row = [model, label]
+    rec = {"architecture": label}
     for prefix in ("tokenized_bleu", "sacrebleu"):
         with open(os.path.join(d, f"{prefix}.json"), encoding="utf-8") as f:
             b = json.load(f)
         for level in ("sentence_level", "document_level"):
             row.append(f"{b[level]['bleu']:.2f}")
+            rec[f"{prefix}_{level}"] = b[level]["bleu"]
             sigs.setdefault(prefix, set()).add(b[level]["signature"])
     for suite in suites:
         path = os.path.join(d, f"contrastive_{suite}.json")
@@ -443,8 +450,50 @@ for spec in specs:
                 c = json.load(f)["overall"]
             acc = "-" if c["accuracy"] is None else f"{100 * c['accuracy']:.1f}"
             row.append(f"{acc} ({c['correct']}/{c['n']}, {c['ties']})")
+            rec[f"contrastive_{suite}"] = {k: c[k] for k in ("accuracy", "correct", "n", "ties")}
         else:
             row.append("not scored")
+            rec[f"contrastive_{suite}"] = None
+    path = os.path.join(d, "cxmi", "cxmi.json")
+    if model == "sentence":
+        row.append("-")
+        rec["cxmi_shuffled"] = None
+    elif os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            full = json.load(f)
+        cx = full["shuffled"]
+        if full["documents"] < 2:
+            # no other document to take context from: the dataset falls back to
+            # the same document (a document memory: its own, CXMI exactly 0)
+            row.append("n/a (1 test document)")
+            rec["cxmi_shuffled"] = {"cxmi": None, "tokens": cx["tokens"], "reason":
+                                    "the test split has one document: shuffled context has "
+                                    "no other document to come from"}
+        else:
+            row.append(f"{cx['cxmi']:.4f}")
+            rec["cxmi_shuffled"] = {"cxmi": cx["cxmi"], "tokens": cx["tokens"]}
+    else:
+        row.append("not measured")
+        rec["cxmi_shuffled"] = "not measured"
+    rows.append(row)
+    table[model] = rec
+if fmt == "json":
+    print(json.dumps({"columns": ["tokenized_bleu_sentence_level", "tokenized_bleu_document_level",
+                                  "sacrebleu_sentence_level", "sacrebleu_document_level"]
+                      + [f"contrastive_{x}" for x in suites] + ["cxmi_shuffled"],
+                      "cxmi_shuffled": "ctx-cxmi --conditions shuffled on the test split: mean "
+                      "log-probability per target token with the true context minus with "
+                      "shuffled context (nats); null: sentence-level, no context",
+                      "models": table,
+                      "signatures": {k: sorted(v) for k, v in sigs.items()}},
+                     indent=2, ensure_ascii=False))
+    sys.exit(0)
+print("| model | architecture | tokenized BLEU | document-level tokenized BLEU | sacreBLEU "
+      "| document-level sacreBLEU |"
+      + "".join(f" {names[x]} accuracy % (correct/n, ties) |" for x in suites)
+      + " CXMI vs shuffled context (nats/token) |")
+print("|---|---|---:|---:|---:|---:|" + "---:|" * len(suites) + "---:|")
+for row in rows:
     print("| " + " | ".join(row) + " |")
 print()
 labels = {"tokenized_bleu": "tokenized BLEU", "sacrebleu": "sacreBLEU"}
@@ -698,6 +747,24 @@ ctx_maruf_contrapro() {
         --bpe subword_nmt --bpe-codes "$WORK/bpe/codes" "$@" "${CUDA_ARGS[@]}"
 }
 
+# ctx_maruf_cxmi NAME MAX_TOKENS: how much NAME uses its context (Fernandes et
+# al. 2021): ctx-cxmi of its best checkpoint on the test split, the true context
+# against shuffled context (another document position's real context; a
+# document memory: another document's memory), in nats per target token, into
+# $WORK/results/NAME/cxmi/ (cxmi.json, cxmi.md, tokens.jsonl, plots) and
+# results/NAME/cxmi.log. Target-side context is the references (teacher
+# forcing), as in training. MAX_TOKENS: padded tokens per batch, context
+# included (an argument, so that the step's marker records it).
+ctx_maruf_cxmi() {
+    local name=$1 max_tokens=$2 ckpt dev=(--cpu)
+    ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
+    cuda_args
+    [ ${#CUDA_ARGS[@]} -eq 0 ] || dev=()
+    ctx_logged "$WORK/results/$name/cxmi.log" ctx-cxmi --path "$ckpt" --data "$WORK/data-bin" \
+        --split test --out "$WORK/results/$name/cxmi" --conditions shuffled \
+        --max-tokens "$max_tokens" --lang "$CTX_TGT" "${dev[@]}"
+}
+
 # ctx_contrapro_check JSON: before any step, ContraPro's converted files are
 # there and give at least the previous sentences every model to score reads
 # (CONTRAPRO_N); CONTRAPRO_SUM: their md5, for the steps' markers.
@@ -755,8 +822,8 @@ ctx_maruf_models() {
     done
 }
 
-# ctx_maruf_report: results/table.md (every model with results, this run's and
-# earlier runs'), results/summary.md (the table, then each tool's lines),
+# ctx_maruf_report: results/table.md and results/table.json (every model with
+# results, this run's and earlier runs'), results/summary.md (the table, then each tool's lines),
 # results/complexity.md (Table 5: parameters and speeds); each rewritten only
 # when it changes, never half-written.
 ctx_maruf_report() {
@@ -770,7 +837,7 @@ ctx_maruf_report() {
             ctx_model_spec "$m"
             label=$M_ARCH
             if [ "$M_TARGET" = 1 ]; then
-                label="$label: iterative decoding (2 passes); pronouns scored with the references as target context (an oracle)"
+                label="$label: iterative decoding (2 passes); pronouns scored and CXMI measured with the references as target context (an oracle)"
             fi
             if [ "$M_SELECTIVE" = 1 ] && [ -e "$WORK/results/$m/contrastive_contrapro.json" ]; then
                 label="$label; ContraPro scored with only the previous sentences ContraPro gives, not the whole document"
@@ -780,15 +847,17 @@ ctx_maruf_report() {
         specs+=("$m=$label")
     done < <(ctx_maruf_models)
     ctx_write_if_changed "$WORK/results/table.md" _ctx_maruf_table "${specs[@]}"
+    ctx_write_if_changed "$WORK/results/table.json" ctx_results_table json "${specs[@]}"
     ctx_summary "$WORK/results/summary.md" "$WORK/results/table.md"
     ctx_write_if_changed "$WORK/results/complexity.md" _ctx_complexity_text "${logs[@]}"
 }
 _ctx_maruf_table() {
-    ctx_results_table "$@" || return 1
+    ctx_results_table md "$@" || return 1
     printf '\ntest: %s documents, %s sentences; pronoun suite: %s records (ctx-make-pronoun-suite: source "it", distance unknown).\n' \
         "$(ctx_count_docs "$WORK/data-bin/test.docids")" "$(ctx_lines "$WORK/data-bin/test.docids")" \
         "$(ctx_lines "$WORK/suite/test.pronouns.jsonl")"
     printf 'Tokenized BLEU: the tokenised, truecased hypotheses against the references processed the same way (the paper'"'"'s "BLEU on tokenised text", Sec. 4.1). sacreBLEU: the hypotheses detruecased and detokenized against the original references.\n'
+    printf 'CXMI (Fernandes et al. 2021; ctx-cxmi --conditions shuffled, results/MODEL/cxmi/): on the test references, the mean log-probability per target token with the true context minus with shuffled context (another document position'"'"'s; a document memory: another document'"'"'s), nats; above zero: the model uses its context; "-": sentence-level.\n'
 }
 
 # ctx_maruf_pipeline SRC TGT: every step after the document data ($WORK/docs).
@@ -845,6 +914,7 @@ ctx_maruf_pipeline() {
         step "bleu_$m" ctx_bleu_report "$m" "$bin/test.docids" "$WORK/tok/test.$t" \
             "$WORK/docs/test.$t" "$t" --detruecase
         step "contrastive_$m" ctx_maruf_contrastive "$m" "$suite" "${gold[@]}"
+        step "cxmi_$m" ctx_maruf_cxmi "$m" "$MAX_TOKENS"
         if ctx_maruf_contrapro_applies "$m"; then
             step "contrapro_$m" ctx_maruf_contrapro "$m" "$CONTRAPRO" "$CONTRAPRO_SUM" "${partial[@]}"
         fi
