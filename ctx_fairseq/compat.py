@@ -32,6 +32,8 @@ are.
 """
 
 import functools
+import os
+import shutil
 
 import numpy as np
 
@@ -100,6 +102,35 @@ def reuse_first_epoch_batches() -> None:
             FairseqTask.get_batch_iterator)
 
 
+def _atomic_copy(original):
+    @functools.wraps(original)
+    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        # overwrites, as fairseq's own local copy (shutil.copyfile) does
+        from fairseq import file_io
+
+        if file_io.IOPathManager is not None and file_io.PathManager.path_requires_pathmanager(
+                dst_path):
+            return original(src_path, dst_path, overwrite=overwrite)
+        tmp = dst_path + ".tmp"
+        shutil.copyfile(src_path, tmp)
+        os.replace(tmp, dst_path)
+        return True
+
+    copy.ctx_fairseq_fixed = True
+    return copy
+
+
+def atomic_checkpoint_copies() -> None:
+    """Patch ``fairseq.file_io.PathManager.copy`` (idempotent): a local copy
+    is written to ``DST.tmp`` and renamed over ``DST``."""
+    from fairseq.file_io import PathManager
+
+    if not getattr(PathManager.copy, "ctx_fairseq_fixed", False):
+        PathManager.copy = staticmethod(_atomic_copy(PathManager.copy))
+
+
 # Applied on import, as ``ctx_fairseq`` applies ``keep_last_batch``: a resumed
-# run must build the batches an uninterrupted one builds.
+# run must build the batches an uninterrupted one builds, from a whole
+# checkpoint.
 reuse_first_epoch_batches()
+atomic_checkpoint_copies()

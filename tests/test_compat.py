@@ -70,3 +70,31 @@ def test_checkpoints_with_numpy_meters_load_safely(tmp_path):
     torch.save({"x": np.array([object()], dtype=object)}, bad)
     with pytest.raises(Exception):
         torch.load(bad, weights_only=True)
+
+
+def test_checkpoint_copies_are_atomic(tmp_path, monkeypatch):
+    """fairseq makes checkpoint_last.pt as a copy (PathManager.copy): a copy
+    killed half-way leaves the old file whole, a finished one the new file,
+    and no .tmp."""
+    import shutil
+
+    from fairseq.file_io import PathManager
+
+    src, dst = tmp_path / "checkpoint_2_8.pt", tmp_path / "checkpoint_last.pt"
+    src.write_bytes(b"new" * 1000)
+    dst.write_bytes(b"old")
+    real = shutil.copyfile
+
+    def killed(a, b):
+        with open(b, "wb") as f:
+            f.write(b"ne")  # a partial write, then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copyfile", killed)
+    with pytest.raises(KeyboardInterrupt):
+        PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == b"old"
+    monkeypatch.setattr(shutil, "copyfile", real)
+    assert PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == src.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([dst.name, src.name])
