@@ -383,9 +383,13 @@ def test_smoke_end_to_end(tmp_path):
             assert isinstance(row[k], float), (m, k, row)
         assert "nrefs:3" in row["signature"]
         assert row["train_options"] and row["updates"] is not None
-    for m in ("concat", "context_aware", "zhang2018", "han"):
+    # every context model, transformer_selective_doc's document memory included
+    for m in ("concat", "context_aware", "zhang2018", "han", "selective"):
         assert isinstance(res["models"][m]["cxmi_shuffled"], float), m
-    assert res["models"]["selective"]["cxmi_shuffled"].startswith("refused")
+        assert (work / "smoke" / "results" / m / "cxmi" / "cxmi.json").exists(), m
+    for m in ("sentence", "transformer", "dc", "hybrid"):
+        assert res["models"][m]["cxmi_shuffled"] == "no context", m
+        assert not (work / "smoke" / "results" / m / "cxmi").exists(), m
     md = (work / "smoke" / "results" / "results.md").read_text()
     assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
     r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env={"OMP_NUM_THREADS": "1"})

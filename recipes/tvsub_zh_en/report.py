@@ -7,9 +7,10 @@ reference and with the first (sentence level) and document-level BLEU
 (``WORK/results/M/bleu.json``, ``prep_tvsub score``; ``doc_bleu.json``,
 ``ctx-doc-bleu`` against the first reference), the context's contribution
 (``WORK/results/M/cxmi/cxmi.json``: CXMI = mean per-token log-probability
-with the true context minus with shuffled context; ``-`` for sentence-level
-models, ``refused`` for document-memory models, which ``ctx-cxmi`` does not
-measure), training speed (mean of fairseq's ``wps``: target tokens per
+with the true context minus with shuffled context, for every context model,
+``transformer_selective_doc``'s document memory included: there another
+document's memory; ``no context`` for sentence-level models; ``n/a`` for a
+test split of one document, where there is no other document), training speed (mean of fairseq's ``wps``: target tokens per
 second), peak resident memory of ``fairseq-train`` (GNU time, KB; the host
 process: on a GPU the device memory is not in it) and the exact training
 options (``checkpoints/M/train.args``). A model without results yet is listed
@@ -88,8 +89,10 @@ def collect(work, mode, models):
             row["d_bleu_signature"] = doc["document_level"]["signature"]
         if m in SENTENCE_LEVEL:
             row["cxmi_shuffled"] = "no context"
-        elif m == "selective":
-            row["cxmi_shuffled"] = "refused (document memory: ctx-cxmi does not measure it)"
+        elif cx and cx["documents"] < 2:
+            # no other document to take context from (a document memory would
+            # keep its own: exactly 0), so no number
+            row["cxmi_shuffled"] = "n/a (1 test document)"
         elif cx:
             row["cxmi_shuffled"] = round(cx["shuffled"]["cxmi"], 5)
             row["logprob_true_per_token"] = round(cx["logprob_true_per_token"], 5)
@@ -137,8 +140,8 @@ def markdown(res):
               "references as published, sacreBLEU --tokenize none; signature(s): "
               + "; ".join(sorted(sigs)) + ".",
               "CXMI: mean log-probability per target token with the true context minus with "
-              "another document's context (ctx-cxmi, shuffled); above zero: the model uses its "
-              "context.",
+              "another document position's context (ctx-cxmi, shuffled; selective: another "
+              "episode's document memory); above zero: the model uses its context.",
               "Training tokens: fairseq's wps and wpb (target tokens, BPE units); every stage-2 "
               "model trains the same number of updates of --max-tokens tokens, but the context "
               "counts in --max-tokens, so a context model sees fewer target tokens per update "

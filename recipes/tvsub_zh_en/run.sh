@@ -156,7 +156,8 @@ GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 # tvsub_model_spec NAME -> M_ARCH, M_TASK (task options: training, generation,
 # CXMI), M_MODEL (model options), M_INIT (init: init-from, finetune, scratch),
 # M_GEN (generation only), M_ITER (1: iterative decoding, pass 1 by the stage-1
-# model), M_CXMI (1: ctx-cxmi applies; 0: sentence-level; 2: refused, document memory).
+# model), M_CXMI (1: a context model, measured by ctx-cxmi, the document memory
+# included; 0: sentence-level, nothing to measure).
 tvsub_model_spec() {
     M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
     M_INIT=init-from; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
@@ -181,8 +182,9 @@ tvsub_model_spec() {
             M_ARCH=transformer_han; M_ITER=1
             M_TASK+=(--source-context-size 3 --target-context-size 3 "${cdrop[@]}") ;;
         selective)  # Maruf et al. (2019): encoder side, online (previous sentences), H-attention
-            M_ARCH=transformer_selective_doc; M_CXMI=2
-            M_TASK+=(--document-context online --document-memory --memory-precomputed)
+            M_ARCH=transformer_selective_doc
+            M_TASK+=(--document-context online --document-memory --memory-precomputed
+                     "${cdrop[@]}")
             M_MODEL=(--doc-attention hierarchical --sentence-attn sparsemax --word-attn softmax
                      --context-memory frozen) ;;
         dc)  # Xu et al.: sentence-level (local context), from scratch
