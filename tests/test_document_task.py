@@ -502,8 +502,13 @@ def test_max_tokens_bounds_the_tokens_every_context_model_embeds(arch, argv):
         return hook
 
     assert model.encoder.embed_tokens is not model.decoder.embed_tokens
-    handles = [model.encoder.embed_tokens.register_forward_hook(counter("encoder")),
-               model.decoder.embed_tokens.register_forward_hook(counter("decoder"))]
+    # every token embedding counts: the model's own and those of any copy it encodes a
+    # memory with (transformer_selective_doc's frozen memory: encoder.memory_encoder,
+    # decoder.memory_decoder), on the side of the part that holds it
+    embeddings = [(name.split(".")[0], m) for name, m in model.named_modules()
+                  if name.endswith("embed_tokens")]
+    assert {side for side, _ in embeddings} == {"encoder", "decoder"}
+    handles = [m.register_forward_hook(counter(side)) for side, m in embeddings]
     itr = task.get_batch_iterator(ds, max_tokens=M, seed=1, disable_iterator_cache=True)
     most = {"encoder": 0, "decoder": 0}
     seen = 0

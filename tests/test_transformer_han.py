@@ -719,9 +719,11 @@ def test_max_tokens_bounds_what_the_han_builds(side, batching, monkeypatch):
     src_lengths, tgt_lengths = [24, 2, 3, 2, 19, 2, 4], [3, 21, 2, 2, 3, 17, 2]
     task, cfg = _synthetic_han_task(argv, src_lengths, tgt_lengths, docs=6)
     ds = task.datasets["valid"]
-    assert ds.context_layout == {"src": "concatenated", "tgt": "concatenated"}  # no model yet
+    assert ds.context_layout == {"src": "concatenated", "tgt": "concatenated",
+                                 "memory": "shared"}  # no model yet
     model = task.build_model(cfg.model, from_checkpoint=True).eval()
-    want = {"src": "sentences", "tgt": "sentences" if side == "both" else "concatenated"}
+    want = {"src": "sentences", "tgt": "sentences" if side == "both" else "concatenated",
+            "memory": "shared"}
     assert ds.context_layout == want  # the split loaded before the model knows it now
     assert task.wrap(ds.base, ["d"] * len(ds), "<x>").context_layout == want  # and new ones
 

@@ -76,24 +76,35 @@ DOCUMENT_CONTEXTS = ("none", "online", "offline")
 #: context size), every row padded to the batch's longest context sentence, ``B x k x L``
 #: (``transformer_han``, which encodes each previous sentence on its own)
 CONTEXT_LAYOUTS = ("concatenated", "sentences")
+#: how a model encodes a document memory (``--document-memory``), the layout's ``memory``
+#: entry: ``shared``: each sentence of the batch and of its memory once, a query's memory
+#: row sharing the query's encoding (``mem_state_index``); ``separate``: the memory rows
+#: by another network than the queries (``transformer_selective_doc``'s frozen memory, the
+#: stage-1 model's copy), so a query that is also a memory row is encoded twice
+MEMORY_LAYOUTS = ("shared", "separate")
 
 
 def normalise_context_layout(layout) -> Dict[str, str]:
-    """``{"src": ..., "tgt": ...}`` of a layout given as None (concatenated),
-    one name for both sides, or a dict per side (a missing side:
-    concatenated)."""
+    """``{"src": ..., "tgt": ..., "memory": ...}`` of a layout given as None
+    (concatenated, shared memory), one name for both sides, or a dict per
+    side and for the memory (a missing side: concatenated; a missing memory:
+    shared; see ``MEMORY_LAYOUTS``)."""
     if layout is None:
         layout = {}
     if isinstance(layout, str):
         layout = {"src": layout, "tgt": layout}
-    if not isinstance(layout, dict) or set(layout) - {"src", "tgt"}:
+    if not isinstance(layout, dict) or set(layout) - {"src", "tgt", "memory"}:
         raise ValueError(f"context layout: expected one of {CONTEXT_LAYOUTS} or a dict with the "
-                         f"keys 'src'/'tgt', got {layout!r}")
+                         f"keys 'src'/'tgt'/'memory', got {layout!r}")
     out = {side: str(layout.get(side) or "concatenated") for side in ("src", "tgt")}
     for side, name in out.items():
         if name not in CONTEXT_LAYOUTS:
             raise ValueError(f"context layout of the {side} side: expected one of "
                              f"{CONTEXT_LAYOUTS}, got {name!r}")
+    out["memory"] = str(layout.get("memory") or "shared")
+    if out["memory"] not in MEMORY_LAYOUTS:
+        raise ValueError(f"context layout of the document memory: expected one of "
+                         f"{MEMORY_LAYOUTS}, got {out['memory']!r}")
     return out
 
 
@@ -102,8 +113,10 @@ def merge_context_layouts(a, b) -> Dict[str, str]:
     batches): ``sentences`` where either has it (it never counts fewer
     tokens than ``concatenated``, see :meth:`DocumentContextDataset._part_lengths`)."""
     a, b = normalise_context_layout(a), normalise_context_layout(b)
-    return {side: "sentences" if "sentences" in (a[side], b[side]) else "concatenated"
-            for side in ("src", "tgt")}
+    out = {side: "sentences" if "sentences" in (a[side], b[side]) else "concatenated"
+           for side in ("src", "tgt")}
+    out["memory"] = "separate" if "separate" in (a["memory"], b["memory"]) else "shared"
+    return out
 
 
 class DocumentIdError(ValueError):
@@ -404,7 +417,7 @@ class DocumentContextDataset(FairseqDataset):
         #: document memory, shuffled ablation: per document the document whose memory it reads
         self.memory_donor = (self._memory_donors() if self.document_memory
                              and ablation == "shuffled" else None)
-        self.context_layout = {"src": "concatenated", "tgt": "concatenated"}
+        self.context_layout = normalise_context_layout(None)
         self.set_context_layout(context_layout)
         self.refresh_context_lengths()
 
@@ -418,7 +431,8 @@ class DocumentContextDataset(FairseqDataset):
         """How the model lays the context out (see ``CONTEXT_LAYOUTS``); batch
         sizes count it from now on."""
         layout = normalise_context_layout(layout)
-        for side, name in layout.items():
+        for side in ("src", "tgt"):
+            name = layout[side]
             if name == "sentences" and side in self.full_windows and \
                     self.document_context != "none":
                 raise ValueError(
@@ -1046,9 +1060,12 @@ class DocumentContextDataset(FairseqDataset):
         target memory, the memory's targets. With CoWord dropout (training) a
         query's memory row may be encoded apart from the query (see
         :meth:`collate_memory`): every memory row is counted as extra, the
-        bound for any draw. With ``memory_precomputed`` (a frozen memory the
-        model keeps in a cache and encodes, without gradients, only on a
-        cache miss) only the batch's own sentences count."""
+        bound for any draw. A model that encodes its memory apart from the
+        queries (layout ``memory``: ``separate``, a frozen memory) gets every
+        memory row counted besides the batch's sentences. With
+        ``memory_precomputed`` (a frozen memory the model keeps in a cache and
+        encodes, without gradients, only on a cache miss) only the batch's own
+        sentences count."""
         ids = np.asarray(ids, dtype=np.int64)
         src = np.asarray(self.base.src_sizes, dtype=np.int64)
         dec = 0
@@ -1057,7 +1074,7 @@ class DocumentContextDataset(FairseqDataset):
         if self.memory_precomputed:  # the memory is read from a cache, not encoded here
             return max(len(ids) * int(src[ids].max()), dec)
         _, mem, _ = self._memory_sentences(ids)
-        if self.coword_dropout > 0:
+        if self.coword_dropout > 0 or self.context_layout["memory"] == "separate":
             extra = np.arange(len(mem))
         else:
             extra = self._memory_states(ids, mem)[1]

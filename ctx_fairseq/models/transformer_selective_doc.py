@@ -815,6 +815,15 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
         about ``--target-context-size`` otherwise)."""
         return self.args.context_integration == "decoder"
 
+    @property
+    def context_layout(self) -> Dict[str, str]:
+        """What the task's ``--max-tokens`` counts (``MEMORY_LAYOUTS`` of
+        :mod:`ctx_fairseq.data.document_dataset`): the frozen memory is
+        encoded by the stage-1 model's copy, apart from the batch's sentences
+        (a query that is also a memory row is encoded by both), the shared
+        one by the model itself, each sentence once."""
+        return {"memory": "separate" if self.args.context_memory == "frozen" else "shared"}
+
     # ------------------------------------------------------------ ctx-demo hooks
     @classmethod
     def demo_reads_target_context(cls, arch: str) -> bool:
