@@ -23,8 +23,8 @@ Options (besides those of ``translation``):
     training only (Fernandes et al. 2021): each sentence's whole context is
     dropped with probability ``P`` (it gets the empty context of a
     document's first sentence; with ``--document-memory`` it sees no memory
-    sentence), so one model serves with and without context; each word of
-    the current source sentence is replaced by ``<unk>`` with probability
+    sentence), so one model serves with and without context; each token (BPE
+    unit) of the current source sentence is replaced by ``<unk>`` with probability
     ``P`` (never ``</s>``). Drawn per sentence and epoch from the seed
     (:meth:`DocumentContextDataset.dropout_draws`), reproducible and
     independent of batching; only the split fairseq-train trains on gets
@@ -150,8 +150,9 @@ class DocumentTranslationConfig(TranslationConfig):
                                        "first sentence; with --document-memory, no memory), so "
                                        "that one model serves with and without context"})
     coword_dropout: float = field(
-        default=0.0, metadata={"help": "training: replace each word of the current source "
-                                       "sentence by <unk> with this probability (CoWord dropout; "
+        default=0.0, metadata={"help": "training: replace each token (BPE unit) of the current "
+                                       "source sentence by <unk> with this probability (CoWord "
+                                       "dropout; "
                                        "never </s>)"})
     document_context: ChoiceEnum(list(DOCUMENT_CONTEXTS)) = field(
         default="none", metadata={"help": "whole-document context: online (all previous "
