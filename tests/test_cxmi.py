@@ -234,6 +234,16 @@ def test_errors(sentence_ckpt, context_ckpt, toy_bin, tmp_path, monkeypatch):
     model, task, cfg = cxmi.load(context_ckpt[0], str(nodoc), cuda=False)
     with pytest.raises(cxmi.CXMIError, match="document ids not found"):
         cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
+    # one document: there is no other document to take shuffled context from
+    onedoc = tmp_path / "onedoc"
+    shutil.copytree(toy_bin, onedoc)
+    n_lines = len((onedoc / "test.docids").read_text().splitlines())
+    (onedoc / "test.docids").write_text("d0\n" * n_lines)
+    model, task, cfg = cxmi.load(context_ckpt[0], str(onedoc), cuda=False)
+    with pytest.raises(cxmi.CXMIError, match="another document.*only 1 document"):
+        cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
+    result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["random"])
+    assert result["documents"] == 1 and "shuffled" not in result["conditions"]
     # nothing half-written: a failure while writing leaves no output
     result, words = cxmi.compute_cxmi(*cxmi.load(context_ckpt[0], toy_bin, cuda=False), "test",
                                       ["shuffled"])

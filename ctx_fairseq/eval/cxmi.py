@@ -286,6 +286,18 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = CONDI
         conditions.append("shuffled")
         notes.append("shuffled added beside none (see the note on none)")
     true_ds = condition_dataset(task, split, "true")
+    if "shuffled" in conditions:
+        # shuffled context is another document's: with fewer than two documents whose
+        # sentences have context there is none to draw (the dataset would fall back to
+        # the same document's context or memory, and CXMI would mean nothing)
+        inner = getattr(true_ds, "inner", true_ds)
+        with_ctx = np.unique(inner.doc_index[_has_context(true_ds)])
+        if len(with_ctx) < 2:
+            raise CXMIError(
+                f"split {split!r}: the shuffled condition takes each sentence's context from "
+                f"another document, but only {len(with_ctx)} document(s) of "
+                f"{len(inner.doc_start)} have sentences with context; measure on a split with "
+                "two or more documents, or use --conditions none/random")
     lp = {"true": token_logprobs(model, task, true_ds, max_tokens, batch_size)}
     for c in conditions:
         lp[c] = token_logprobs(model, task, condition_dataset(task, split, c), max_tokens,

@@ -337,6 +337,15 @@ ctx_extract_archive() {
 # ctx_count_docs DOCIDS: the number of documents (contiguous runs of one id).
 ctx_count_docs() { uniq "$1" | wc -l | tr -d ' '; }
 
+# ctx_cxmi_skipped DIR DOCS: DIR/cxmi.json for a test split of DOCS < 2 documents, where
+# ctx-cxmi refuses the shuffled condition (no other document to take context from): the
+# document count and no measurement, which the results tables report as n/a
+ctx_cxmi_skipped() {
+    mkdir -p "$1"
+    printf '{"documents": %d, "shuffled": null, "skipped": "the test split has %d document(s): shuffled context needs another document"}\n' "$2" "$2" > "$1/cxmi.json.part"
+    mv "$1/cxmi.json.part" "$1/cxmi.json"
+}
+
 # ctx_prep_xml_sets OUT_PREFIX L1 L2 N SRC_XML TGT_XML [SRC_XML TGT_XML ...]:
 # several IWSLT-style XML pairs as one split (OUT_PREFIX.{L1,L2,docids}), in
 # the order given (N > 0: only their first N documents). Each pair is
@@ -463,10 +472,10 @@ for spec in specs:
             full = json.load(f)
         cx = full["shuffled"]
         if full["documents"] < 2:
-            # no other document to take context from: the dataset falls back to
-            # the same document (a document memory: its own, CXMI exactly 0)
+            # no other document to take context from (ctx-cxmi refuses it; the step
+            # records the count, ctx_cxmi_skipped)
             row.append("n/a (1 test document)")
-            rec["cxmi_shuffled"] = {"cxmi": None, "tokens": cx["tokens"], "reason":
+            rec["cxmi_shuffled"] = {"cxmi": None, "tokens": (cx or {}).get("tokens"), "reason":
                                     "the test split has one document: shuffled context has "
                                     "no other document to come from"}
         else:
@@ -756,7 +765,13 @@ ctx_maruf_contrapro() {
 # forcing), as in training. MAX_TOKENS: padded tokens per batch, context
 # included (an argument, so that the step's marker records it).
 ctx_maruf_cxmi() {
-    local name=$1 max_tokens=$2 ckpt dev=(--cpu)
+    local name=$1 max_tokens=$2 ckpt dev=(--cpu) docs
+    docs=$(ctx_count_docs "$WORK/data-bin/test.docids")
+    if [ "$docs" -lt 2 ]; then  # ctx-cxmi refuses shuffled context without another document
+        echo "cxmi_$name: the test split has $docs document(s): no shuffled context to measure against"
+        ctx_cxmi_skipped "$WORK/results/$name/cxmi" "$docs"
+        return 0
+    fi
     ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
     cuda_args
     [ ${#CUDA_ARGS[@]} -eq 0 ] || dev=()

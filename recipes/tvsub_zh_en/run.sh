@@ -160,7 +160,7 @@ GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 # included; 0: sentence-level, nothing to measure).
 tvsub_model_spec() {
     M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
-    M_INIT=init-from; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
+    M_INIT="init-from"; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
     local cdrop=()
     if [ -n "$CONTEXT_DROPOUT" ]; then cdrop=(--context-dropout "$CONTEXT_DROPOUT"); fi
     case "$1" in
@@ -297,7 +297,14 @@ score_model() {
 
 # cxmi_model NAME MAX_TOKENS: ctx-cxmi (true against shuffled context) on the test split
 cxmi_model() {
-    local name=$1 max_tokens=$2 ckpt
+    local name=$1 max_tokens=$2 ckpt docs
+    docs=$(uniq "$WORK/data-bin/test.docids" | wc -l | tr -d ' ')
+    if [ "$docs" -lt 2 ]; then  # ctx-cxmi refuses shuffled context without another document
+        echo "cxmi_$name: the test split has $docs document(s): no shuffled context to measure against"
+        mkdir -p "$WORK/results/$name/cxmi"
+        printf '{"documents": %d, "shuffled": null}\n' "$docs" > "$WORK/results/$name/cxmi/cxmi.json"
+        return 0
+    fi
     ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
     cuda_args
     local dev=(--cpu)
