@@ -5,7 +5,9 @@ Importing this package registers every model, architecture, task and
 criterion the project defines, and allow-lists the Python types that fairseq
 checkpoints contain so that they load under ``torch.load(weights_only=True)``
 (torch >= 2.6) without turning safe loading off, and makes fairseq keep the
-last partial batch instead of silently dropping it (see ``ctx_fairseq.compat``).
+last partial batch instead of silently dropping it, resume a killed run with
+the batches of an uninterrupted one and copy checkpoints atomically (see
+``ctx_fairseq.compat``).
 """
 
 __version__ = "0.1.0"
@@ -15,6 +17,8 @@ from ctx_fairseq import safe_load as _safe_load  # noqa: E402
 
 _safe_load.allow_fairseq_checkpoints()
 _compat.keep_last_batch()
+_compat.reuse_first_epoch_batches()  # a resumed run builds the uninterrupted run's batches
+_compat.atomic_checkpoint_copies()  # checkpoint_last.pt / _best.pt whole or not at all
 
 from ctx_fairseq._registry import import_all_submodules as _import_all  # noqa: E402
 

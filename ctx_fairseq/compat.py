@@ -127,10 +127,3 @@ def atomic_checkpoint_copies() -> None:
 
     if not getattr(PathManager.copy, "ctx_fairseq_fixed", False):
         PathManager.copy = staticmethod(_atomic_copy(PathManager.copy))
-
-
-# Applied on import, as ``ctx_fairseq`` applies ``keep_last_batch``: a resumed
-# run must build the batches an uninterrupted one builds, from a whole
-# checkpoint.
-reuse_first_epoch_batches()
-atomic_checkpoint_copies()
