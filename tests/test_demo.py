@@ -8,7 +8,9 @@ import pytest
 
 from ctx_fairseq.cli import demo
 
-TINY = ["--docs", "12", "--sents-per-doc", "5", "--max-distance", "2", "--max-update", "2"]
+# 20 training documents: 2 test documents, so that ctx-cxmi can take shuffled context
+# from another document
+TINY = ["--docs", "20", "--sents-per-doc", "5", "--max-distance", "2", "--max-update", "2"]
 
 
 @pytest.fixture(scope="module")

@@ -313,10 +313,11 @@ def _cxmi(ckpt: str, binned: str, sentence_level: bool) -> Dict:
         return {"shuffled": None, "why": "sentence-level model (no context)", "refused": False}
     try:
         model, task, cfg = cxmi.load(ckpt, binned, cuda=False)
+        # refused too: a test split of one document (no other document's context)
+        result, _words = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
     except cxmi.CXMIError as err:
         return {"shuffled": None, "why": str(err).replace(ckpt, "the checkpoint"),
                 "refused": True}
-    result, _words = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
     return {"shuffled": result["shuffled"]["cxmi"], "tokens": result["tokens"],
             "sentences": result["sentences"], "refused": False,
             "sentences_with_context": result["sentences_with_context"]}
