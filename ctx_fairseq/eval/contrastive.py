@@ -494,16 +494,24 @@ def plot(result: Dict, png: str, title: str = "") -> None:
 
 def write_report(result: Dict, out_dir: str, name: str) -> Dict[str, str]:
     """Table, JSON and PNG, each written whole or not at all."""
-    os.makedirs(out_dir, exist_ok=True)
-    prefix = os.path.join(out_dir, f"contrastive_{name}")
+    return write_report_files(result, os.path.join(out_dir, f"contrastive_{name}"),
+                              format_result, plot)
+
+
+def write_report_files(result: Dict, prefix: str, format_fn, plot_fn,
+                       ensure_ascii: bool = True) -> Dict[str, str]:
+    """``PREFIX.md`` (``format_fn(result)``), ``PREFIX.json`` and ``PREFIX.png``
+    (``plot_fn(result, path)``), each written whole or not at all; returns
+    their paths. Shared by the scorer's and generative accuracy's reports."""
+    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
     paths = {ext: f"{prefix}.{ext}" for ext in ("md", "json", "png")}
     tmp = {ext: p + ".partial" for ext, p in paths.items()}
     try:
         with open(tmp["md"], "w", encoding="utf-8") as f:
-            f.write(format_result(result) + "\n")
+            f.write(format_fn(result) + "\n")
         with open(tmp["json"], "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-        plot(result, tmp["png"] + ".png")
+            json.dump(result, f, indent=2, ensure_ascii=ensure_ascii)
+        plot_fn(result, tmp["png"] + ".png")
         os.replace(tmp["png"] + ".png", tmp["png"])
         for ext in paths:
             os.replace(tmp[ext], paths[ext])

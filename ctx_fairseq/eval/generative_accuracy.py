@@ -94,7 +94,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import torch
 
-from ctx_fairseq.eval.contrastive import (ContrastiveScorer, _distance_key, load_checkpoint)
+from ctx_fairseq.eval.contrastive import (ContrastiveScorer, _distance_key, load_checkpoint,
+                                         write_report_files)
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Example, Suite, read_suite
 from ctx_fairseq.eval.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
     remove_bpe
@@ -262,24 +263,8 @@ def plot(result: Dict, png: str, title: str = "") -> None:
 
 def write_report(result: Dict, out_dir: str, name: str) -> Dict[str, str]:
     """Table, JSON and PNG, each written whole or not at all."""
-    os.makedirs(out_dir, exist_ok=True)
-    prefix = os.path.join(out_dir, f"generative_{name}")
-    paths = {ext: f"{prefix}.{ext}" for ext in ("md", "json", "png")}
-    tmp = {ext: p + ".partial" for ext, p in paths.items()}
-    try:
-        with open(tmp["md"], "w", encoding="utf-8") as f:
-            f.write(format_result(result) + "\n")
-        with open(tmp["json"], "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2, ensure_ascii=False)
-        plot(result, tmp["png"] + ".png")
-        os.replace(tmp["png"] + ".png", tmp["png"])
-        for ext in paths:
-            os.replace(tmp[ext], paths[ext])
-    finally:
-        for p in list(tmp.values()) + [tmp["png"] + ".png"]:
-            if os.path.exists(p):
-                os.remove(p)
-    return paths
+    return write_report_files(result, os.path.join(out_dir, f"generative_{name}"),
+                              format_result, plot, ensure_ascii=False)
 
 
 # ------------------------------------------------------------ translations
