@@ -274,12 +274,7 @@ translate_model() {
     local name=$1 iter=$2 beam=$3
     shift 3
     step_reads GEN_EXTRA  # read by ctx_iterative_translate and generate
-    if [ "$iter" = 1 ]; then
-        ctx_iterative_translate "$name" "$WORK/data-bin" "$WORK/checkpoints/$name" \
-            "$WORK/checkpoints/sentence" test "$beam" "$@"
-    else
-        ctx_translate "$name" "$WORK/data-bin" "$WORK/checkpoints/$name" test --beam "$beam" "$@"
-    fi
+    ctx_maruf_translate "$name" "$iter" "$beam" "$@"  # as the Maruf pipeline translates
 }
 
 # score_model NAME: BLEU with every reference and the first (sentence and
@@ -298,11 +293,10 @@ score_model() {
 # cxmi_model NAME MAX_TOKENS: ctx-cxmi (true against shuffled context) on the test split
 cxmi_model() {
     local name=$1 max_tokens=$2 ckpt docs
-    docs=$(uniq "$WORK/data-bin/test.docids" | wc -l | tr -d ' ')
+    docs=$(ctx_count_docs "$WORK/data-bin/test.docids")
     if [ "$docs" -lt 2 ]; then  # ctx-cxmi refuses shuffled context without another document
         echo "cxmi_$name: the test split has $docs document(s): no shuffled context to measure against"
-        mkdir -p "$WORK/results/$name/cxmi"
-        printf '{"documents": %d, "shuffled": null}\n' "$docs" > "$WORK/results/$name/cxmi/cxmi.json"
+        ctx_cxmi_skipped "$WORK/results/$name/cxmi" "$docs"
         return 0
     fi
     ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
