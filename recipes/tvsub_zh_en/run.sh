@@ -34,7 +34,7 @@ document-level BLEU, CXMI against shuffled context, results.md/results.json.
 Environment (defaults in README.md): MODELS, EPISODES (FIRST:END), BPE_MERGES,
 MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, BEAM, SEED, TVSUB_URL, TVSUB_REF (a git
 revision), DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT,
-UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
+COWORD_DROPOUT, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
 
 # --study is this recipe's own option; the rest are the shared ones
 STUDY=0
@@ -70,6 +70,8 @@ EVAL_SPLIT=${EVAL_SPLIT:-auto}
 DEV_SRC=${DEV_SRC:-}
 TEST_SRC=${TEST_SRC:-}
 CONTEXT_DROPOUT=${CONTEXT_DROPOUT:-}
+_coword_given=${COWORD_DROPOUT+1}  # COWORD_DROPOUT= (empty) turns the study's default off
+COWORD_DROPOUT=${COWORD_DROPOUT:-}
 SEED=${SEED:-1}
 
 if [ "$SMOKE" = 1 ] || [ "$STUDY" = 1 ]; then
@@ -83,9 +85,11 @@ fi
 
 # ------------------------------------------------------------------ settings per mode
 # Every model trains the same number of stage-2 updates of MAX_TOKENS tokens
-# from the same stage-1 model (the equal budget); dc and hybrid, which cannot
-# start from a transformer checkpoint, train SENT_UPDATES + DOC_UPDATES from
-# scratch (the same total budget; README.md).
+# from the same stage-1 model (the equal budget): the transformer and
+# transformer_concat go on from its weights (--finetune-from-model), the
+# others load every stage-1 tensor into their own shape
+# (--init-from-sentence-checkpoint; their new context or DC/hybrid
+# parameters start from their initialisation).
 case $MODE in
     smoke)
         EPISODES=${EPISODES:-0:${SMOKE_EPISODES:-12}}
@@ -101,15 +105,19 @@ case $MODE in
         FP16=()
         MODELS=${MODELS-transformer concat context_aware zhang2018 han selective dc hybrid} ;;
     study)
-        # the design of README.md, 'CPU study' (estimated, not yet run here)
+        # README.md, 'CPU study'
         EPISODES=${EPISODES:-0:60}
         BPE_MERGES=${BPE_MERGES:-8000}
         dim=256; ffn=1024; heads=4; layers=3
         MAX_TOKENS=${MAX_TOKENS:-4096}
         SENT_UPDATES=${SENT_UPDATES:-900}
-        DOC_UPDATES=${DOC_UPDATES:-150}
+        DOC_UPDATES=${DOC_UPDATES:-120}
         SENT_LR=(--lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 300 --warmup-init-lr 1e-7)
-        DOC_LR=(--lr 2e-4 --lr-scheduler fixed)
+        # stage 2 goes on at the rate stage 1 ends with (7e-4 * sqrt(300 / 900))
+        DOC_LR=(--lr 4e-4 --lr-scheduler fixed)
+        # CoWord dropout (Fernandes et al. 2021) on the context models: a word
+        # of the current sentence dropped is to be found in the context
+        [ -n "$_coword_given" ] || COWORD_DROPOUT=0.1
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
@@ -157,12 +165,15 @@ GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 # CXMI), M_MODEL (model options), M_INIT (init: init-from, finetune, scratch),
 # M_GEN (generation only), M_ITER (1: iterative decoding, pass 1 by the stage-1
 # model), M_CXMI (1: a context model, measured by ctx-cxmi, the document memory
-# included; 0: sentence-level, nothing to measure).
+# included; 0: sentence-level, nothing to measure). CONTEXT_DROPOUT and
+# COWORD_DROPOUT (Fernandes et al. 2021) reach the context models' training
+# only.
 tvsub_model_spec() {
     M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
     M_INIT="init-from"; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
     local cdrop=()
-    if [ -n "$CONTEXT_DROPOUT" ]; then cdrop=(--context-dropout "$CONTEXT_DROPOUT"); fi
+    if [ -n "$CONTEXT_DROPOUT" ]; then cdrop+=(--context-dropout "$CONTEXT_DROPOUT"); fi
+    if [ -n "$COWORD_DROPOUT" ]; then cdrop+=(--coword-dropout "$COWORD_DROPOUT"); fi
     case "$1" in
         transformer)  # the stage-1 transformer trained on for the same budget
             M_ARCH=transformer; M_TASK=(--task translation); M_INIT=finetune; M_CXMI=0
@@ -187,11 +198,12 @@ tvsub_model_spec() {
                      "${cdrop[@]}")
             M_MODEL=(--doc-attention hierarchical --sentence-attn sparsemax --word-attn softmax
                      --context-memory frozen) ;;
-        dc)  # Xu et al.: sentence-level (local context), from scratch
-            M_ARCH=transformer_dc; M_TASK=(--task translation); M_INIT=scratch; M_CXMI=0
+        dc)  # Xu et al.: sentence-level (local context) from the stage-1 weights
+            # (--init-from-sentence-checkpoint is the document task's: no context)
+            M_ARCH=transformer_dc; M_TASK+=(--source-context-size 0); M_CXMI=0
             M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
-        hybrid)  # Xu et al. (ACL 2019): sentence-level hybrid local/global, from scratch
-            M_ARCH=transformer_hybrid; M_TASK=(--task translation); M_INIT=scratch; M_CXMI=0
+        hybrid)  # Xu et al. (ACL 2019): sentence-level hybrid local/global, likewise
+            M_ARCH=transformer_hybrid; M_TASK+=(--source-context-size 0); M_CXMI=0
             M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
         *) die "MODELS: unknown model $1 (expected transformer, concat, context_aware, zhang2018, han, selective, dc, hybrid)" ;;
     esac
@@ -257,7 +269,7 @@ fairseq-train() {
     fi
 }
 
-# train_model NAME INIT ARGS...: stage 2 of NAME (INIT: init-from | finetune | scratch)
+# train_model NAME INIT ARGS...: stage 2 of NAME (INIT: init-from | finetune)
 train_model() {
     local name=$1 init=$2 ckpt
     shift 2
@@ -265,7 +277,6 @@ train_model() {
     case $init in
         init-from) train "$WORK/data-bin" "$WORK/checkpoints/$name" --init-from-sentence-checkpoint "$ckpt" "$@" ;;
         finetune) train "$WORK/data-bin" "$WORK/checkpoints/$name" --finetune-from-model "$ckpt" "$@" ;;
-        scratch) train "$WORK/data-bin" "$WORK/checkpoints/$name" "$@" ;;
     esac
 }
 
@@ -337,21 +348,14 @@ if [ "${UNTIL:-}" = data ]; then
 fi
 log "models: transformer (stage 1) then ${MODEL_LIST[*]} ($MODE mode)"
 step train_sentence train "$WORK/data-bin" "$WORK/checkpoints/sentence" "${SENT_TRAIN[@]}"
-for m in "${MODEL_LIST[@]}"; do
-    tvsub_model_spec "$m"
-    if [ "$M_INIT" = scratch ]; then
-        # the same total budget as stage 1 + stage 2, with stage 1's settings
-        step "train_$m" train_model "$m" scratch --arch "$M_ARCH" "${TVSUB_SENT_OPTS[@]}" \
-            "${M_TASK[@]}" "${M_MODEL[@]}" --max-update "$((SENT_UPDATES + DOC_UPDATES))"
-    else
-        step "train_$m" train_model "$m" "$M_INIT" --arch "$M_ARCH" "${M_TASK[@]}" \
-            "${M_MODEL[@]}" "${M_CRIT[@]}" "${DOC_COMMON[@]}"
-    fi
-done
 step translate_sentence translate_model sentence 0 "$BEAM" --task translation "${GEN[@]}"
 step score_sentence score_model sentence
+# each model trained, translated, scored and measured before the next: a run
+# stopped midway has every result of the models it finished (WORK/results/NAME)
 for m in "${MODEL_LIST[@]}"; do
     tvsub_model_spec "$m"
+    step "train_$m" train_model "$m" "$M_INIT" --arch "$M_ARCH" "${M_TASK[@]}" \
+        "${M_MODEL[@]}" "${M_CRIT[@]}" "${DOC_COMMON[@]}"
     step "translate_$m" translate_model "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
     step "score_$m" score_model "$m"
     if [ "$M_CXMI" = 1 ]; then step "cxmi_$m" cxmi_model "$m" "$MAX_TOKENS"; fi
