@@ -362,7 +362,6 @@ def test_download_clones_the_repository_and_fails_cleanly(tmp_path):
     assert (work / "data-bin" / "dict.en.txt").read_text() == (work / "data-bin" / "dict.zh.txt").read_text()
 
 
-@pytest.mark.slow
 def test_smoke_end_to_end(tmp_path):
     """Every model on tiny synthetic episodes: the test set's 3 references,
     results.json with BLEU, d-BLEU and the context's contribution per model;
@@ -390,6 +389,14 @@ def test_smoke_end_to_end(tmp_path):
     for m in ("sentence", "transformer", "dc", "hybrid"):
         assert res["models"][m]["cxmi_shuffled"] == "no context", m
         assert not (work / "smoke" / "results" / m / "cxmi").exists(), m
+    # every model starts from the one stage-1 transformer, at one stage-2 budget
+    for m in models[1:]:
+        args = (work / "smoke" / "checkpoints" / m / "train.args").read_text().splitlines()
+        init = [a for a in args if a in ("arg=--init-from-sentence-checkpoint",
+                                         "arg=--finetune-from-model")]
+        assert len(init) == 1, (m, args)
+        assert args[args.index(init[0]) + 1].startswith("arg=$WORK/checkpoints/sentence/"), m
+        assert res["models"][m]["updates"] == res["models"]["transformer"]["updates"], m
     md = (work / "smoke" / "results" / "results.md").read_text()
     assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
     r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env={"OMP_NUM_THREADS": "1"})
@@ -398,7 +405,6 @@ def test_smoke_end_to_end(tmp_path):
 
 
 
-@pytest.mark.slow
 def test_smoke_killed_during_training_resumes(tmp_path):
     """A smoke run killed (SIGKILL, the whole process group) during stage-1
     training, once fairseq has written a checkpoint, and run again: the
