@@ -399,6 +399,17 @@ def test_smoke_end_to_end(tmp_path):
         assert res["models"][m]["updates"] == res["models"]["transformer"]["updates"], m
     md = (work / "smoke" / "results" / "results.md").read_text()
     assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
+    # the exact commands: the run's, and each model's training, translation and CXMI
+    assert res["command"] == f"OMP_NUM_THREADS=1 recipes/tvsub_zh_en/run.sh --smoke --raw {root} " \
+        f"--workdir {work}"
+    cmds = res["models"]["han"]["commands"]
+    assert cmds["fairseq-train"].startswith("fairseq-train $WORK/data-bin --user-dir"), cmds
+    assert "--arch transformer_han" in cmds["fairseq-train"]
+    assert "--first-pass-path $WORK/checkpoints/sentence/" in cmds["ctx-iterative-decode"]
+    assert "--conditions shuffled" in cmds["ctx-cxmi"]
+    assert "--path $WORK/checkpoints/concat/" in res["models"]["concat"]["commands"]["fairseq-generate"]
+    assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate"}
+    assert md.count("```") >= 2 * (1 + len(models))
     r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env={"OMP_NUM_THREADS": "1"})
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert not re.search(r"\] step \w", r2.stderr), r2.stderr[-2000:]

@@ -13,8 +13,10 @@ document's memory; ``no context`` for sentence-level models; ``n/a`` for a
 test split of one document, where there is no other document), training speed (mean of fairseq's ``wps``: target tokens per
 second), peak resident memory of ``fairseq-train`` (GNU time, KB; the host
 process: on a GPU the device memory is not in it) and the exact training
-options (``checkpoints/M/train.args``). A model without results yet is listed
-as such (nothing is made up).
+options (``checkpoints/M/train.args``) and the exact command lines of its
+training, translation and CXMI (``WORK/commands/M.TOOL.sh``, written by
+run.sh) and of the run (``WORK/commands/run.sh``). A model without results
+yet is listed as such (nothing is made up).
 """
 
 import json
@@ -27,7 +29,9 @@ ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (contin
         "concat": "transformer_concat (2-to-2)", "context_aware": "transformer_context_aware",
         "zhang2018": "transformer_doc_zhang2018 (encoder)", "han": "transformer_han (joint)",
         "selective": "transformer_selective_doc (encoder, online, H-attention)",
-        "dc": "transformer_dc (from scratch)", "hybrid": "transformer_hybrid (from scratch)"}
+        "dc": "transformer_dc (sentence-level)", "hybrid": "transformer_hybrid (sentence-level)"}
+#: the tools whose exact command lines run.sh records (WORK/commands/NAME.TOOL.sh)
+TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode", "ctx-cxmi")
 SENTENCE_LEVEL = {"sentence", "transformer", "dc", "hybrid"}
 
 
@@ -63,7 +67,13 @@ def _train_stats(work, name):
     if os.path.exists(args):
         options = " ".join(line[4:] for line in open(args, encoding="utf-8").read().splitlines()
                            if line.startswith("arg="))
+    commands = {}
+    for tool in TOOLS:
+        path = os.path.join(work, "commands", f"{name}.{tool}.sh")
+        if os.path.exists(path):
+            commands[tool] = open(path, encoding="utf-8").read().strip()
     return {"train_wps_mean": round(statistics.mean(wps), 1) if wps else None,
+            "commands": commands,
             "target_tokens_per_update": round(statistics.mean(wpb), 1) if wpb else None,
             "updates": updates, "peak_rss_kb": peak, "train_options": options}
 
@@ -74,6 +84,8 @@ def collect(work, mode, models):
            "test": {k: prep.get("test", {}).get(k) for k in ("sentences", "references", "sysids",
                                                              "documents")},
            "train": prep.get("train"), "models": {}}
+    run = os.path.join(work, "commands", "run.sh")
+    out["command"] = open(run, encoding="utf-8").read().strip() if os.path.exists(run) else None
     for m in models:
         d = os.path.join(work, "results", m)
         bleu, doc = _load(os.path.join(d, "bleu.json")), _load(os.path.join(d, "doc_bleu.json"))
@@ -145,9 +157,18 @@ def markdown(res):
               "Training tokens: fairseq's wps and wpb (target tokens, BPE units); every stage-2 "
               "model trains the same number of updates of --max-tokens tokens, but the context "
               "counts in --max-tokens, so a context model sees fewer target tokens per update "
-              "(compare the column).", "", "## Training options", ""]
+              "(compare the column).", "", "## Commands", "",
+              "The recipe (from the repository's root; `$WORK` is its work directory):", "",
+              "```", res.get("command") or "(not recorded)", "```", "",
+              "Per model, the exact command lines it ran (training; translation; CXMI):", ""]
     for m, r in res["models"].items():
-        lines.append(f"- `{m}`: `{r.get('train_options') or 'not trained yet'}`")
+        cmds = r.get("commands") or {}
+        if not cmds:
+            lines.append(f"- `{m}`: not trained yet")
+            continue
+        lines += [f"- `{m}`:", "", "  ```"]
+        lines += [f"  {cmds[t]}" for t in TOOLS if t in cmds]
+        lines += ["  ```", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,15 @@ MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, BEAM, SEED, TVSUB_URL, TVSUB_REF (a git
 revision), DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT,
 COWORD_DROPOUT, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
 
+# the settings given in the environment, before any default is filled in
+_ENV_SETTINGS=(MODELS EPISODES SMOKE_EPISODES BPE_MERGES MAX_TOKENS GEN_MAX_TOKENS SENT_UPDATES
+               DOC_UPDATES BEAM SEED TVSUB_URL TVSUB_REF DEV_SRC TEST_SRC EVAL_SPLIT
+               CONTEXT_DROPOUT COWORD_DROPOUT TRAIN_EXTRA GEN_EXTRA OMP_NUM_THREADS)
+declare -A _ENV_GIVEN=()
+for _v in "${_ENV_SETTINGS[@]}"; do
+    if [ -n "${!_v+x}" ]; then _ENV_GIVEN[$_v]=${!_v}; fi
+done
+
 # --study is this recipe's own option; the rest are the shared ones
 STUDY=0
 _args=()
@@ -256,11 +265,39 @@ binarize() {
 
 # --------------------------------------------------------------------------- models
 
+# record_command TOOL ARGS...: the exact command line of a model's training,
+# translation or CXMI into $WORK/commands/NAME.TOOL.sh (NAME: the checkpoint
+# directory of --save-dir or --path; $WORK written as such), for results.md;
+# a step run again rewrites its file.
+record_command() {
+    local tool=$1 prev="" a dir="" name line
+    for a in "$@"; do
+        case $prev in
+            --save-dir) dir=$a ;;
+            --path) dir=$(dirname "$a") ;;
+        esac
+        prev=$a
+    done
+    [ -n "$dir" ] || return 0
+    name=$(basename "$dir")
+    mkdir -p "$WORK/commands"
+    line=$(printf '%q ' "$@")
+    # shellcheck disable=SC2016  # a literal $WORK
+    line=${line//"$WORK"/'$WORK'}
+    line=${line//"$REPO/"/}  # run from the repository's root
+    printf '%s\n' "${line% }" > "$WORK/commands/$name.$tool.sh.part"
+    mv "$WORK/commands/$name.$tool.sh.part" "$WORK/commands/$name.$tool.sh"
+}
+fairseq-generate() { record_command fairseq-generate "$@"; command fairseq-generate "$@"; }
+ctx-iterative-decode() { record_command ctx-iterative-decode "$@"; command ctx-iterative-decode "$@"; }
+ctx-cxmi() { record_command ctx-cxmi "$@"; command ctx-cxmi "$@"; }
+
 # fairseq-train's peak resident memory: the shared train() runs
 # `fairseq-train`; this function measures it with GNU time into
 # $WORK/logs/peak-NAME.kb (KB; the host memory of the process).
 fairseq-train() {
     local save="" prev="" a
+    record_command fairseq-train "$@"
     for a in "$@"; do [ "$prev" = --save-dir ] && save=$a; prev=$a; done
     if [ -x /usr/bin/time ] && [ -n "$save" ]; then
         /usr/bin/time -f '%M' -o "$WORK/logs/peak-$(basename "$save").kb" fairseq-train "$@"
@@ -329,6 +366,17 @@ report() {
 
 # -------------------------------------------------------------------------- steps
 
+# this run's command line with the settings given in the environment (results.md)
+mkdir -p "$WORK/commands"
+{
+    for _v in "${_ENV_SETTINGS[@]}"; do
+        if [ -n "${_ENV_GIVEN[$_v]+x}" ]; then printf '%s=%q ' "$_v" "${_ENV_GIVEN[$_v]}"; fi
+    done
+    printf 'recipes/tvsub_zh_en/run.sh'
+    printf ' %q' "$@"
+    printf '\n'
+} > "$WORK/commands/run.sh.part"
+mv "$WORK/commands/run.sh.part" "$WORK/commands/run.sh"
 if [ -z "$RAW" ]; then step download download "$TVSUB_URL" "$TVSUB_REF"; fi
 step prep prep
 "$PY" - "$WORK/docs/prep.json" <<'PYEOF'
