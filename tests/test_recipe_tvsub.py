@@ -385,6 +385,8 @@ def test_smoke_end_to_end(tmp_path):
     # every context model, transformer_selective_doc's document memory included
     for m in ("concat", "context_aware", "zhang2018", "han", "selective"):
         assert isinstance(res["models"][m]["cxmi_shuffled"], float), m
+        low, high = res["models"][m]["cxmi_shuffled_ci95"]
+        assert low <= res["models"][m]["cxmi_shuffled"] <= high, m
         assert (work / "smoke" / "results" / m / "cxmi" / "cxmi.json").exists(), m
     for m in ("sentence", "transformer", "dc", "hybrid"):
         assert res["models"][m]["cxmi_shuffled"] == "no context", m
@@ -469,3 +471,51 @@ def test_smoke_killed_during_training_resumes(tmp_path):
     for name in ("sentence", "transformer", "context_aware"):
         for key in ("bleu_all_refs", "bleu_first_ref", "d_bleu_all_refs", "cxmi_shuffled"):
             assert res["models"][name].get(key) == ref["models"][name].get(key), (name, key)
+
+
+def _report_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "tvsub_report", os.path.join(REPO, "recipes", "tvsub_zh_en", "report.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tokens_jsonl(path, per_sentence):
+    """ctx-cxmi's per-word rows: each sentence a list of (span, pointwise CXMI)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for i, words in enumerate(per_sentence):
+            pos = 0
+            for span, value in words:
+                f.write(json.dumps({"doc": f"d{i % 3}", "sentence": i, "word": "w",
+                                    "tokens": [pos, pos + span],
+                                    "p_cxmi": {"shuffled": value}}) + "\n")
+                pos += span
+
+
+def test_cxmi_interval(tmp_path):
+    """The bootstrap interval of the report: the token-weighted mean is
+    ctx-cxmi's CXMI; constant sentences give a point; sentences that help and
+    hurt equally give an interval around zero; strongly helped sentences an
+    interval above zero; the same seed, the same interval."""
+    report = _report_module()
+    path = str(tmp_path / "tokens.jsonl")
+    _tokens_jsonl(path, [[(1, 0.2), (2, 0.4)]] * 20)  # 0.2 per token in every sentence
+    low, high, mean = report.cxmi_interval(path)
+    assert mean == pytest.approx(0.2) and low == pytest.approx(0.2) and high == pytest.approx(0.2)
+    rng = random.Random(0)
+    noisy = [[(1, v), (1, v)] for v in (rng.gauss(0.0, 1.0) for _ in range(200))]
+    _tokens_jsonl(path, noisy)
+    low, high, mean = report.cxmi_interval(path)
+    assert low < 0 < high and low < mean < high
+    assert report.cxmi_interval(path) == (low, high, mean)
+    helped = [[(3, 0.9 + 0.3 * rng.random())] for _ in range(200)]
+    _tokens_jsonl(path, helped)
+    low, high, mean = report.cxmi_interval(path)
+    assert mean == pytest.approx(sum(w[0][1] for w in helped) / (3 * 200))  # per token
+    assert 0 < low < mean < high
+    open(path, "w").close()
+    with pytest.raises(ValueError, match="no tokens"):
+        report.cxmi_interval(path)

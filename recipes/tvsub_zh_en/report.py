@@ -9,7 +9,8 @@ reference and with the first (sentence level) and document-level BLEU
 (``WORK/results/M/cxmi/cxmi.json``: CXMI = mean per-token log-probability
 with the true context minus with shuffled context, for every context model,
 ``transformer_selective_doc``'s document memory included: there another
-document's memory; ``no context`` for sentence-level models; ``n/a`` for a
+document's memory, with a 95% bootstrap interval over the test sentences
+from ``tokens.jsonl``; ``no context`` for sentence-level models; ``n/a`` for a
 test split of one document, where there is no other document), training speed (mean of fairseq's ``wps``: target tokens per
 second), peak resident memory of ``fairseq-train`` (GNU time, KB; the host
 process: on a GPU the device memory is not in it) and the exact training
@@ -24,6 +25,8 @@ import os
 import re
 import statistics
 import sys
+
+import numpy as np
 
 ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (continued)",
         "concat": "transformer_concat (2-to-2)", "context_aware": "transformer_context_aware",
@@ -78,6 +81,34 @@ def _train_stats(work, name):
             "updates": updates, "peak_rss_kb": peak, "train_options": options}
 
 
+def cxmi_interval(tokens_jsonl, condition="shuffled", resamples=1000, seed=0):
+    """A 95% percentile bootstrap interval of CXMI over the test sentences.
+
+    ``tokens_jsonl`` is ctx-cxmi's per-word file (each row: its document and
+    sentence, its token span and its pointwise CXMI summed over that span).
+    CXMI is the sum of the pointwise values over the number of tokens; the
+    sentences are resampled with replacement (``resamples`` times, numpy's
+    generator seeded with ``seed``: the interval is reproducible), so the
+    interval shows whether the mean is clearly away from zero given how much
+    it varies from sentence to sentence. Returns ``(low, high, cxmi)``."""
+    sums, counts = {}, {}
+    with open(tokens_jsonl, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            key = (r["doc"], r["sentence"])
+            sums[key] = sums.get(key, 0.0) + r["p_cxmi"][condition]
+            counts[key] = counts.get(key, 0) + r["tokens"][1] - r["tokens"][0]
+    if not sums:
+        raise ValueError(f"{tokens_jsonl}: no tokens")
+    keys = list(sums)
+    s = np.array([sums[k] for k in keys])
+    n = np.array([counts[k] for k in keys], dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(keys), size=(resamples, len(keys)))
+    boot = s[idx].sum(axis=1) / n[idx].sum(axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(low), float(high), float(s.sum() / n.sum())
+
+
 def collect(work, mode, models):
     prep = _load(os.path.join(work, "docs", "prep.json")) or {}
     out = {"mode": mode, "eval_split": prep.get("eval_split"),
@@ -107,6 +138,10 @@ def collect(work, mode, models):
             row["cxmi_shuffled"] = "n/a (1 test document)"
         elif cx:
             row["cxmi_shuffled"] = round(cx["shuffled"]["cxmi"], 5)
+            toks = os.path.join(d, "cxmi", "tokens.jsonl")
+            if os.path.exists(toks):
+                low, high, _ = cxmi_interval(toks)
+                row["cxmi_shuffled_ci95"] = [round(low, 5), round(high, 5)]
             row["logprob_true_per_token"] = round(cx["logprob_true_per_token"], 5)
             row["logprob_shuffled_per_token"] = round(cx["shuffled"]["logprob_per_token"], 5)
         else:
@@ -132,7 +167,7 @@ def markdown(res):
              f"{t['references']} reference(s) ({', '.join(t['sysids'] or [])}), documents "
              f"{', '.join(t['documents'] or [])}.", "",
              "| model | architecture | BLEU (all refs) | BLEU (first ref) | d-BLEU (all refs) "
-             "| d-BLEU (first ref, ctx-doc-bleu) | CXMI vs shuffled (nats/token) "
+             "| d-BLEU (first ref, ctx-doc-bleu) | CXMI vs shuffled (nats/token) [95% interval] "
              "| train tokens/s | target tokens/update | peak RSS (MB) | updates |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     sigs = set()
@@ -141,10 +176,14 @@ def markdown(res):
             sigs.add(r["signature"])
         peak = None if r.get("peak_rss_kb") is None else r["peak_rss_kb"] / 1024
         cx = r.get("cxmi_shuffled")
+        ci = r.get("cxmi_shuffled_ci95")
+        cx_text = cx if isinstance(cx, str) else _fmt(cx, 4)
+        if ci:
+            cx_text += f" [{ci[0]:.4f}, {ci[1]:.4f}]"
         lines.append(f"| {m} | {r['architecture']} | {_fmt(r.get('bleu_all_refs'))} "
                      f"| {_fmt(r.get('bleu_first_ref'))} | {_fmt(r.get('d_bleu_all_refs'))} "
                      f"| {_fmt(r.get('d_bleu_first_ref'))} "
-                     f"| {_fmt(cx, 4) if not isinstance(cx, str) else cx} "
+                     f"| {cx_text} "
                      f"| {_fmt(r.get('train_wps_mean'), 0)} "
                      f"| {_fmt(r.get('target_tokens_per_update'), 0)} | {_fmt(peak, 0)} "
                      f"| {_fmt(r.get('updates'))} |")
@@ -153,7 +192,10 @@ def markdown(res):
               + "; ".join(sorted(sigs)) + ".",
               "CXMI: mean log-probability per target token with the true context minus with "
               "another document position's context (ctx-cxmi, shuffled; selective: another "
-              "episode's document memory); above zero: the model uses its context.",
+              "episode's document memory); above zero: the model uses its context. In brackets: "
+              "a 95% percentile bootstrap interval over the test sentences (1,000 resamples, "
+              "seed 0): an interval above zero says the context helps beyond sentence-to-sentence "
+              "noise.",
               "Training tokens: fairseq's wps and wpb (target tokens, BPE units); every stage-2 "
               "model trains the same number of updates of --max-tokens tokens, but the context "
               "counts in --max-tokens, so a context model sees fewer target tokens per update "
