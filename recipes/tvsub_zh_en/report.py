@@ -47,7 +47,7 @@ def _load(path):
 
 def _train_stats(work, name):
     log = os.path.join(work, "logs", f"train-{name}.log")
-    wps, wpb, updates = [], [], None
+    wps, wpb, updates, overflow = [], [], None, []
     if os.path.exists(log):
         for line in open(log, encoding="utf-8", errors="replace"):
             if re.search(r"\| (train_inner|train) \|", line):
@@ -57,6 +57,9 @@ def _train_stats(work, name):
                 m = re.search(r"\bwpb[= ](\d+(?:\.\d+)?)", line)
                 if m:
                     wpb.append(float(m.group(1)))
+                m = re.search(r"\bword_overflow[= ](\d+(?:\.\d+)?)", line)
+                if m:
+                    overflow.append(float(m.group(1)))
                 m = re.search(r"\bnum_updates[= ](\d+)", line)
                 if m:
                     updates = int(m.group(1))
@@ -77,6 +80,9 @@ def _train_stats(work, name):
             commands[tool] = open(path, encoding="utf-8").read().strip()
     return {"train_wps_mean": round(statistics.mean(wps), 1) if wps else None,
             "commands": commands,
+            # selective with --doc-word-capacity: the largest share of token-heads
+            # whose sparsemax support exceeded it in a logged interval (0: exact)
+            "word_overflow_max": max(overflow) if overflow else None,
             "target_tokens_per_update": round(statistics.mean(wpb), 1) if wpb else None,
             "updates": updates, "peak_rss_kb": peak, "train_options": options}
 
@@ -199,7 +205,14 @@ def markdown(res):
               "Training tokens: fairseq's wps and wpb (target tokens, BPE units); every stage-2 "
               "model trains the same number of updates of --max-tokens tokens, but the context "
               "counts in --max-tokens, so a context model sees fewer target tokens per update "
-              "(compare the column).", "", "## Commands", "",
+              "(compare the column)."]
+    over = {m: r["word_overflow_max"] for m, r in res["models"].items()
+            if r.get("word_overflow_max") is not None}
+    for m, v in over.items():
+        lines.append(f"Word level of `{m}`: the largest logged share of query token-heads whose "
+                     f"Eq. 3 support exceeded --doc-word-capacity: {v:g} (0: the word level "
+                     "was exact throughout training).")
+    lines += ["", "## Commands", "",
               "The recipe (from the repository's root; `$WORK` is its work directory):", "",
               "```", res.get("command") or "(not recorded)", "```", "",
               "Per model, the exact command lines it ran (training; translation; CXMI):", ""]

@@ -34,12 +34,13 @@ document-level BLEU, CXMI against shuffled context, results.md/results.json.
 Environment (defaults in README.md): MODELS, EPISODES (FIRST:END), BPE_MERGES,
 MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, BEAM, SEED, TVSUB_URL, TVSUB_REF (a git
 revision), DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT,
-COWORD_DROPOUT, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
+COWORD_DROPOUT, WORD_CAPACITY, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
 
 # the settings given in the environment, before any default is filled in
 _ENV_SETTINGS=(MODELS EPISODES SMOKE_EPISODES BPE_MERGES MAX_TOKENS GEN_MAX_TOKENS SENT_UPDATES
                DOC_UPDATES BEAM SEED TVSUB_URL TVSUB_REF DEV_SRC TEST_SRC EVAL_SPLIT
-               CONTEXT_DROPOUT COWORD_DROPOUT TRAIN_EXTRA GEN_EXTRA OMP_NUM_THREADS)
+               CONTEXT_DROPOUT COWORD_DROPOUT WORD_CAPACITY TRAIN_EXTRA GEN_EXTRA
+               OMP_NUM_THREADS)
 declare -A _ENV_GIVEN=()
 for _v in "${_ENV_SETTINGS[@]}"; do
     if [ -n "${!_v+x}" ]; then _ENV_GIVEN[$_v]=${!_v}; fi
@@ -81,6 +82,7 @@ TEST_SRC=${TEST_SRC:-}
 CONTEXT_DROPOUT=${CONTEXT_DROPOUT:-}
 _coword_given=${COWORD_DROPOUT+1}  # COWORD_DROPOUT= (empty) turns the study's default off
 COWORD_DROPOUT=${COWORD_DROPOUT:-}
+WORD_CAPACITY=${WORD_CAPACITY:-}
 SEED=${SEED:-1}
 
 if [ "$SMOKE" = 1 ] || [ "$STUDY" = 1 ]; then
@@ -127,6 +129,12 @@ case $MODE in
         # CoWord dropout (Fernandes et al. 2021) on the context models: a word
         # of the current sentence dropped is to be found in the context
         [ -n "$_coword_given" ] || COWORD_DROPOUT=0.1
+        # selective's word level over the 32 sentences of largest Eq. 3 weight:
+        # exact while the sparsemax support has at most 32 sentences (the
+        # training log's word_overflow counts the token-heads where it has
+        # more); the exact word level over every sentence of a 1,000-sentence
+        # episode costs minutes per update on this CPU (README.md)
+        WORD_CAPACITY=${WORD_CAPACITY:-32}
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
@@ -206,7 +214,8 @@ tvsub_model_spec() {
             M_TASK+=(--document-context online --document-memory --memory-precomputed
                      "${cdrop[@]}")
             M_MODEL=(--doc-attention hierarchical --sentence-attn sparsemax --word-attn softmax
-                     --context-memory frozen) ;;
+                     --context-memory frozen)
+            if [ -n "$WORD_CAPACITY" ]; then M_MODEL+=(--doc-word-capacity "$WORD_CAPACITY"); fi ;;
         dc)  # Xu et al.: sentence-level (local context) from the stage-1 weights
             # (--init-from-sentence-checkpoint is the document task's: no context)
             M_ARCH=transformer_dc; M_TASK+=(--source-context-size 0); M_CXMI=0
