@@ -365,10 +365,12 @@ def test_download_clones_the_repository_and_fails_cleanly(tmp_path):
 def test_smoke_end_to_end(tmp_path):
     """Every model on tiny synthetic episodes: the test set's 3 references,
     results.json with BLEU, d-BLEU and the context's contribution per model;
-    a re-run skips every step."""
+    the study's CoWord dropout and word capacity reach the context models'
+    training; a re-run skips every step."""
     root = write_tvsub(str(tmp_path / "tvsub"))
     work = tmp_path / "w"
-    r = run(["--smoke", "--raw", root, "--workdir", str(work)], env={"OMP_NUM_THREADS": "1"})
+    env = {"OMP_NUM_THREADS": "1", "COWORD_DROPOUT": "0.1", "WORD_CAPACITY": "2"}
+    r = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r.returncode == 0, r.stderr[-5000:]
     assert "evaluating on the test set: 18 sentences, 3 reference(s)" in r.stderr
     res = json.loads((work / "smoke" / "results" / "results.json").read_text())
@@ -399,20 +401,29 @@ def test_smoke_end_to_end(tmp_path):
         assert len(init) == 1, (m, args)
         assert args[args.index(init[0]) + 1].startswith("arg=$WORK/checkpoints/sentence/"), m
         assert res["models"][m]["updates"] == res["models"]["transformer"]["updates"], m
+        context = m in ("concat", "context_aware", "zhang2018", "han", "selective")
+        assert ("arg=--coword-dropout" in args) == context, (m, args)
+        assert ("arg=--doc-word-capacity" in args) == (m == "selective"), (m, args)
+    assert 0 <= res["models"]["selective"]["word_overflow_max"] <= 1
+    assert res["models"]["context_aware"]["word_overflow_max"] is None
     md = (work / "smoke" / "results" / "results.md").read_text()
+    assert "exceeded --doc-word-capacity" in md
     assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
     # the exact commands: the run's, and each model's training, translation and CXMI
-    assert res["command"] == f"OMP_NUM_THREADS=1 recipes/tvsub_zh_en/run.sh --smoke --raw {root} " \
-        f"--workdir {work}"
+    assert res["command"].endswith(f"recipes/tvsub_zh_en/run.sh --smoke --raw {root} "
+                                   f"--workdir {work}")
+    for setting in ("OMP_NUM_THREADS=1 ", "COWORD_DROPOUT=0.1 ", "WORD_CAPACITY=2 "):
+        assert setting in res["command"], res["command"]
     cmds = res["models"]["han"]["commands"]
-    assert cmds["fairseq-train"].startswith("fairseq-train $WORK/data-bin --user-dir"), cmds
+    assert cmds["fairseq-train"].startswith(
+        "fairseq-train $WORK/data-bin --user-dir ctx_fairseq --save-dir $WORK/checkpoints/han "), cmds
     assert "--arch transformer_han" in cmds["fairseq-train"]
     assert "--first-pass-path $WORK/checkpoints/sentence/" in cmds["ctx-iterative-decode"]
     assert "--conditions shuffled" in cmds["ctx-cxmi"]
     assert "--path $WORK/checkpoints/concat/" in res["models"]["concat"]["commands"]["fairseq-generate"]
     assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate"}
     assert md.count("```") >= 2 * (1 + len(models))
-    r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env={"OMP_NUM_THREADS": "1"})
+    r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert not re.search(r"\] step \w", r2.stderr), r2.stderr[-2000:]
 

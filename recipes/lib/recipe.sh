@@ -478,10 +478,13 @@ Remove $save (or use another --workdir) to train with these settings"
     fi
     printf '%s\n' "$record" > "$save/train.args.part" && mv "$save/train.args.part" "$save/train.args" \
         || die "cannot write $save/train.args"
+    # a resumed run appends to the log of the run it resumes (the whole training in one log)
+    local tee_opts=()
+    [ -e "$save/checkpoint_last.pt" ] && tee_opts=(-a)
     # shellcheck disable=SC2086
     fairseq-train "$data" --user-dir "$USER_DIR" --save-dir "$save" "${CPU[@]}" \
         --log-format simple --log-interval 50 --data-buffer-size 0 "$@" ${TRAIN_EXTRA:-} \
-        2>&1 | tee "$WORK/logs/train-$(basename "$save").log"
+        2>&1 | tee "${tee_opts[@]}" "$WORK/logs/train-$(basename "$save").log"
     rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] || return "$rc"
     printf 'fairseq-train exited 0 at %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" > "$save/train.done"

@@ -45,19 +45,23 @@ def _load(path):
         return json.load(f)
 
 
+#: a number as fairseq logs it ({:g}: 1.2e-05 included)
+NUM = r"([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
+
+
 def _train_stats(work, name):
     log = os.path.join(work, "logs", f"train-{name}.log")
     wps, wpb, updates, overflow = [], [], None, []
     if os.path.exists(log):
         for line in open(log, encoding="utf-8", errors="replace"):
             if re.search(r"\| (train_inner|train) \|", line):
-                m = re.search(r"\bwps[= ](\d+(?:\.\d+)?)", line)
+                m = re.search(r"\bwps[= ]" + NUM, line)
                 if m:
                     wps.append(float(m.group(1)))
-                m = re.search(r"\bwpb[= ](\d+(?:\.\d+)?)", line)
+                m = re.search(r"\bwpb[= ]" + NUM, line)
                 if m:
                     wpb.append(float(m.group(1)))
-                m = re.search(r"\bword_overflow[= ](\d+(?:\.\d+)?)", line)
+                m = re.search(r"\bword_overflow[= ]" + NUM, line)
                 if m:
                     overflow.append(float(m.group(1)))
                 m = re.search(r"\bnum_updates[= ](\d+)", line)
@@ -67,7 +71,7 @@ def _train_stats(work, name):
     kb = os.path.join(work, "logs", f"peak-{name}.kb")
     if os.path.exists(kb):
         vals = [int(x) for x in open(kb).read().split() if x.isdigit()]
-        peak = vals[-1] if vals else None
+        peak = max(vals) if vals else None  # a resumed training appends its own
     args = os.path.join(work, "checkpoints", name, "train.args")
     options = None
     if os.path.exists(args):
@@ -200,8 +204,9 @@ def markdown(res):
               "another document position's context (ctx-cxmi, shuffled; selective: another "
               "episode's document memory); above zero: the model uses its context. In brackets: "
               "a 95% percentile bootstrap interval over the test sentences (1,000 resamples, "
-              "seed 0): an interval above zero says the context helps beyond sentence-to-sentence "
-              "noise.",
+              "seed 0). It shows the sentence-to-sentence variation only: the sentences of an "
+              "episode are not independent, and the one draw of shuffled context is not "
+              "resampled, so read it as a lower bound on the uncertainty.",
               "Training tokens: fairseq's wps and wpb (target tokens, BPE units); every stage-2 "
               "model trains the same number of updates of --max-tokens tokens, but the context "
               "counts in --max-tokens, so a context model sees fewer target tokens per update "

@@ -39,8 +39,8 @@ COWORD_DROPOUT, WORD_CAPACITY, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
 # the settings given in the environment, before any default is filled in
 _ENV_SETTINGS=(MODELS EPISODES SMOKE_EPISODES BPE_MERGES MAX_TOKENS GEN_MAX_TOKENS SENT_UPDATES
                DOC_UPDATES BEAM SEED TVSUB_URL TVSUB_REF DEV_SRC TEST_SRC EVAL_SPLIT
-               CONTEXT_DROPOUT COWORD_DROPOUT WORD_CAPACITY TRAIN_EXTRA GEN_EXTRA
-               OMP_NUM_THREADS)
+               CONTEXT_DROPOUT COWORD_DROPOUT WORD_CAPACITY TRAIN_EXTRA GEN_EXTRA UNTIL
+               PYTHON OMP_NUM_THREADS)
 declare -A _ENV_GIVEN=()
 for _v in "${_ENV_SETTINGS[@]}"; do
     if [ -n "${!_v+x}" ]; then _ENV_GIVEN[$_v]=${!_v}; fi
@@ -82,6 +82,7 @@ TEST_SRC=${TEST_SRC:-}
 CONTEXT_DROPOUT=${CONTEXT_DROPOUT:-}
 _coword_given=${COWORD_DROPOUT+1}  # COWORD_DROPOUT= (empty) turns the study's default off
 COWORD_DROPOUT=${COWORD_DROPOUT:-}
+_capacity_given=${WORD_CAPACITY+1}  # WORD_CAPACITY= (empty) turns the study's default off
 WORD_CAPACITY=${WORD_CAPACITY:-}
 SEED=${SEED:-1}
 
@@ -134,7 +135,7 @@ case $MODE in
         # training log's word_overflow counts the token-heads where it has
         # more); the exact word level over every sentence of a 1,000-sentence
         # episode costs minutes per update on this CPU (README.md)
-        WORD_CAPACITY=${WORD_CAPACITY:-32}
+        [ -n "$_capacity_given" ] || WORD_CAPACITY=32
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
@@ -182,37 +183,34 @@ GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 # CXMI), M_MODEL (model options), M_INIT (init: init-from, finetune, scratch),
 # M_GEN (generation only), M_ITER (1: iterative decoding, pass 1 by the stage-1
 # model), M_CXMI (1: a context model, measured by ctx-cxmi, the document memory
-# included; 0: sentence-level, nothing to measure). CONTEXT_DROPOUT and
-# COWORD_DROPOUT (Fernandes et al. 2021) reach the context models' training
-# only.
+# included; 0: sentence-level, nothing to measure), M_TRAIN (training only:
+# CONTEXT_DROPOUT and COWORD_DROPOUT, Fernandes et al. 2021, for the context
+# models; generation, ctx-iterative-decode included, takes no such option).
 tvsub_model_spec() {
     M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
     M_INIT="init-from"; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
-    local cdrop=()
-    if [ -n "$CONTEXT_DROPOUT" ]; then cdrop+=(--context-dropout "$CONTEXT_DROPOUT"); fi
-    if [ -n "$COWORD_DROPOUT" ]; then cdrop+=(--coword-dropout "$COWORD_DROPOUT"); fi
+    M_TRAIN=()
     case "$1" in
         transformer)  # the stage-1 transformer trained on for the same budget
             M_ARCH=transformer; M_TASK=(--task translation); M_INIT=finetune; M_CXMI=0
             M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
         concat)  # Tiedemann & Scherrer (2017) 2-to-2: one previous sentence on each side
             M_ARCH=transformer_concat; M_INIT=finetune
-            M_TASK+=(--concat-context --source-context-size 1 --target-context-size 1 "${cdrop[@]}")
+            M_TASK+=(--concat-context --source-context-size 1 --target-context-size 1)
             M_GEN=(--own-target-context) ;;
         context_aware)  # Voita et al. (2018): one previous source sentence
             M_ARCH=transformer_context_aware
-            M_TASK+=(--source-context-size 1 "${cdrop[@]}") ;;
+            M_TASK+=(--source-context-size 1) ;;
         zhang2018)  # Zhang et al. (2018): two previous source sentences, in the encoder
             M_ARCH=transformer_doc_zhang2018
-            M_TASK+=(--source-context-size 2 "${cdrop[@]}")
+            M_TASK+=(--source-context-size 2)
             M_MODEL=(--context-integration encoder --freeze-sentence-level) ;;
         han)  # Miculicich et al. (2018), HAN joint: 3 previous source and target sentences
             M_ARCH=transformer_han; M_ITER=1
-            M_TASK+=(--source-context-size 3 --target-context-size 3 "${cdrop[@]}") ;;
+            M_TASK+=(--source-context-size 3 --target-context-size 3) ;;
         selective)  # Maruf et al. (2019): encoder side, online (previous sentences), H-attention
             M_ARCH=transformer_selective_doc
-            M_TASK+=(--document-context online --document-memory --memory-precomputed
-                     "${cdrop[@]}")
+            M_TASK+=(--document-context online --document-memory --memory-precomputed)
             M_MODEL=(--doc-attention hierarchical --sentence-attn sparsemax --word-attn softmax
                      --context-memory frozen)
             if [ -n "$WORD_CAPACITY" ]; then M_MODEL+=(--doc-word-capacity "$WORD_CAPACITY"); fi ;;
@@ -225,6 +223,10 @@ tvsub_model_spec() {
             M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
         *) die "MODELS: unknown model $1 (expected transformer, concat, context_aware, zhang2018, han, selective, dc, hybrid)" ;;
     esac
+    if [ "$M_CXMI" = 1 ]; then  # a context model: its training's dropouts (not generation's)
+        if [ -n "$CONTEXT_DROPOUT" ]; then M_TRAIN+=(--context-dropout "$CONTEXT_DROPOUT"); fi
+        if [ -n "$COWORD_DROPOUT" ]; then M_TRAIN+=(--coword-dropout "$COWORD_DROPOUT"); fi
+    fi
 }
 for _m in "${MODEL_LIST[@]}"; do tvsub_model_spec "$_m"; done
 
@@ -303,13 +305,14 @@ ctx-cxmi() { record_command ctx-cxmi "$@"; command ctx-cxmi "$@"; }
 
 # fairseq-train's peak resident memory: the shared train() runs
 # `fairseq-train`; this function measures it with GNU time into
-# $WORK/logs/peak-NAME.kb (KB; the host memory of the process).
+# $WORK/logs/peak-NAME.kb (KB; the host memory of the process; a resumed
+# training appends its own: report.py takes the largest).
 fairseq-train() {
     local save="" prev="" a
     record_command fairseq-train "$@"
     for a in "$@"; do [ "$prev" = --save-dir ] && save=$a; prev=$a; done
     if [ -x /usr/bin/time ] && [ -n "$save" ]; then
-        /usr/bin/time -f '%M' -o "$WORK/logs/peak-$(basename "$save").kb" fairseq-train "$@"
+        /usr/bin/time -a -f '%M' -o "$WORK/logs/peak-$(basename "$save").kb" fairseq-train "$@"
     else
         command fairseq-train "$@"
     fi
@@ -411,7 +414,7 @@ step score_sentence score_model sentence
 # stopped midway has every result of the models it finished (WORK/results/NAME)
 for m in "${MODEL_LIST[@]}"; do
     tvsub_model_spec "$m"
-    step "train_$m" train_model "$m" "$M_INIT" --arch "$M_ARCH" "${M_TASK[@]}" \
+    step "train_$m" train_model "$m" "$M_INIT" --arch "$M_ARCH" "${M_TASK[@]}" "${M_TRAIN[@]}" \
         "${M_MODEL[@]}" "${M_CRIT[@]}" "${DOC_COMMON[@]}"
     step "translate_$m" translate_model "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
     step "score_$m" score_model "$m"
