@@ -218,9 +218,11 @@ def markdown(res):
                      f"Eq. 3 support exceeded --doc-word-capacity: {v:g} (0: the word level "
                      "was exact throughout training).")
     lines += ["", "## Commands", "",
-              "The recipe (from the repository's root; `$WORK` is its work directory):", "",
+              "The recipe (from the repository's root):", "",
               "```", res.get("command") or "(not recorded)", "```", "",
-              "Per model, the exact command lines it ran (training; translation; CXMI):", ""]
+              "Per model, the exact command lines it ran (training; translation; CXMI), from "
+              "the repository's root; `$WORK` is the mode's work directory (`--workdir` DIR: "
+              "DIR/smoke, DIR/study, or DIR itself in the GPU mode):", ""]
     for m, r in res["models"].items():
         cmds = r.get("commands") or {}
         if not cmds:

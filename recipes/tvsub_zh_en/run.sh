@@ -170,8 +170,7 @@ OPTIM=(--optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 1.0 --label-smoot
        --save-interval-updates "$([ "$MODE" = gpu ] && echo 2000 || echo 100)"
        --keep-interval-updates 1 --validate-interval-updates
        "$([ "$MODE" = gpu ] && echo 2000 || echo 100)" "${FP16[@]}")
-# stage 1's options without the architecture and the budget (also those of the
-# sentence-level models trained from scratch)
+# stage 1's options without the architecture and the budget
 TVSUB_SENT_OPTS=("${SHAPE[@]}" --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1
            --criterion label_smoothed_cross_entropy "${OPTIM[@]}" "${SENT_LR[@]}")
 SENT_TRAIN=(--arch transformer "${TVSUB_SENT_OPTS[@]}" --max-update "$SENT_UPDATES")
