@@ -349,22 +349,13 @@ score_model() {
     log "$name: $(grep -m1 '^BLEU (all' "$out/bleu.log")"
 }
 
-# cxmi_model NAME MAX_TOKENS: ctx-cxmi (true against shuffled context) on the test split
+# cxmi_model NAME MAX_TOKENS: ctx-cxmi (true against shuffled context) on the
+# test split, as the Maruf pipeline measures it (ctx_maruf_cxmi; a test split
+# of one document is recorded as such, not measured)
 cxmi_model() {
-    local name=$1 max_tokens=$2 ckpt docs
-    docs=$(ctx_count_docs "$WORK/data-bin/test.docids")
-    if [ "$docs" -lt 2 ]; then  # ctx-cxmi refuses shuffled context without another document
-        echo "cxmi_$name: the test split has $docs document(s): no shuffled context to measure against"
-        ctx_cxmi_skipped "$WORK/results/$name/cxmi" "$docs"
-        return 0
-    fi
-    ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
-    cuda_args
-    local dev=(--cpu)
-    [ ${#CUDA_ARGS[@]} -gt 0 ] && dev=()
-    ctx_logged "$WORK/results/$name/cxmi.log" ctx-cxmi --path "$ckpt" --data "$WORK/data-bin" \
-        --split test --out "$WORK/results/$name/cxmi" --conditions shuffled \
-        --max-tokens "$max_tokens" --lang "$L2" "${dev[@]}"
+    # shellcheck disable=SC2034  # read by ctx_maruf_cxmi (--lang)
+    local CTX_TGT=$L2
+    ctx_maruf_cxmi "$@"
 }
 
 # report: results.md and results.json (every model of this run with results)
