@@ -274,6 +274,29 @@ def longest_sentences(unit: np.ndarray, window, partial: np.ndarray, length: np.
     return np.where(np.asarray(partial) != PARTIAL_NONE, np.asarray(length, dtype=np.int64), out)
 
 
+def query_groups(query_doc: np.ndarray, num_docs: int) -> np.ndarray:
+    """The query sentences of each document of a batch: ``D x Bq_max`` int64,
+    row ``d`` the batch rows ``b`` with ``query_doc[b] == d`` in batch order,
+    padded with ``B`` (``Bq_max`` >= 1). Rows with ``query_doc`` -1 (context
+    dropped) or outside ``0..D-1`` are in no group. The document-memory
+    models' per-document layout (one matrix product per document and memory
+    block, see :mod:`ctx_fairseq.modules.selective_attention`), built here on
+    the host so that the model reads nothing back from the device."""
+    query_doc = np.asarray(query_doc, dtype=np.int64)
+    B, D = len(query_doc), int(num_docs)
+    ok = (query_doc >= 0) & (query_doc < D)
+    counts = np.bincount(query_doc[ok], minlength=D) if D else np.zeros(0, dtype=np.int64)
+    width = max(1, int(counts.max()) if D else 1)
+    out = np.full((D, width), B, dtype=np.int64)
+    if ok.any():
+        rows = np.flatnonzero(ok)
+        order = rows[np.argsort(query_doc[rows], kind="stable")]
+        docs = query_doc[order]
+        starts = np.cumsum(counts) - counts
+        out[docs, np.arange(len(order)) - starts[docs]] = order
+    return out
+
+
 def padded_cost(count: int, maxima: Sequence[int], sides: Sequence[Sequence[int]]) -> int:
     """Tokens of the padded tensors of a batch of ``count`` sentences whose
     longest sequence of each part is ``maxima[p]`` (each part is padded
@@ -973,6 +996,8 @@ class DocumentContextDataset(FairseqDataset):
           ``mem_doc_rows`` / ``mem_doc_valid`` (``D x S_max``, ``S_max`` the
           largest memory of a document, at least 1): the memory rows of
           document ``d`` in position order (0 where not valid);
+          ``query_doc_groups`` (``D x Bq_max``, :func:`query_groups`): the
+          batch rows of each document's query sentences, padded with ``B``;
           ``mem_state_index`` (``S``) and ``mem_extra_rows`` (``E``): memory
           row ``s``'s encoder states are column ``mem_state_index[s]`` of the
           batch's query encodings (``0..B-1``) followed by those of the memory
@@ -1023,6 +1048,9 @@ class DocumentContextDataset(FairseqDataset):
         valid = slot < counts[:, None]
         out["mem_doc_rows"] = torch.from_numpy(np.where(valid, starts[:, None] + slot, 0))
         out["mem_doc_valid"] = torch.from_numpy(valid)
+        # the query sentences of each document (D x Bq_max, rows in batch order,
+        # padded with B): the selective word level's per-document layout
+        out["query_doc_groups"] = torch.from_numpy(query_groups(query_doc, len(docs)))
         out["mem_state_index"] = torch.from_numpy(state)
         out["mem_extra_rows"] = torch.from_numpy(extra)
         sides = [("src", self.src_dict, self.left_pad_source)]
