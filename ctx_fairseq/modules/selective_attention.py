@@ -184,6 +184,7 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from ctx_fairseq.modules.context_statistics import mean_gate_sum, real_tokens
+from ctx_fairseq.modules.word_attention import TILE_ELEMS, WORD_BLOCK, streamed_word_attention
 
 __all__ = [
     "masked_normalize",
@@ -196,8 +197,8 @@ __all__ = [
 
 ATTENTION_TYPES = ("hierarchical", "flat-sentence", "flat-word")
 NORMALIZERS = ("sparsemax", "softmax")
-#: selective word level: sentences per (query token, head) (see the module docstring);
-#: 0 (the default): no capacity, every sentence of the support (exact, the paper's model)
+#: the removed opt-in capacity of the word level (``--doc-word-capacity``): 0 is the
+#: only value (the streamed word level is exact and faster than the capacity was)
 WORD_CAPACITY = 0
 
 
@@ -233,16 +234,20 @@ def sparsemax(x: Tensor) -> Tensor:
     return _Sparsemax.apply(x)
 
 
-def masked_normalize(scores: Tensor, mask: Tensor, kind: str) -> Tensor:
+def masked_normalize(scores: Tensor, mask: Tensor, kind: str,
+                     dtype: Optional[torch.dtype] = None) -> Tensor:
     """``kind`` ("sparsemax" | "softmax") over the last dim of ``scores``,
     restricted to ``mask`` (bool, True = allowed, broadcastable to ``scores``).
 
     Disallowed entries get exactly 0 weight and 0 gradient; a row with no
     allowed entry is all zeros with zero (finite) gradient. Disallowed scores
     are filled with ``torch.finfo(dtype).min`` (dtype-safe, never an overflow
-    in half precision; ``exp`` of it and sparsemax's clamp give exactly 0)."""
+    in half precision; ``exp`` of it and sparsemax's clamp give exactly 0).
+    ``dtype``: of the result (and of the computation when wider than the
+    scores'); default the scores' dtype."""
     row_ok = mask.any(dim=-1, keepdim=True)
-    x = scores
+    x = scores if dtype is None or dtype == scores.dtype else scores.to(
+        torch.promote_types(scores.dtype, dtype))
     if kind == "sparsemax" and x.dtype in (torch.float16, torch.bfloat16):
         # stability: sparsemax's threshold comes from a cumulative sum over the
         # sorted scores, which half precision rounds enough to move the support;
@@ -252,7 +257,7 @@ def masked_normalize(scores: Tensor, mask: Tensor, kind: str) -> Tensor:
         raise ValueError(f"unknown normaliser {kind!r}; expected one of {NORMALIZERS}")
     x = x.masked_fill(~mask, torch.finfo(x.dtype).min).masked_fill(~row_ok, 0.0)
     p = sparsemax(x) if kind == "sparsemax" else torch.softmax(x, dim=-1)
-    return p.masked_fill(~row_ok, 0.0).to(scores.dtype)
+    return p.masked_fill(~row_ok, 0.0).to(scores.dtype if dtype is None else dtype)
 
 
 def memory_layout(mem_doc: Tensor, mem_pos: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -286,110 +291,6 @@ def memory_layout(mem_doc: Tensor, mem_pos: Tensor) -> Tuple[Tensor, Tensor, Ten
     dev = mem_doc.device
     return (torch.from_numpy(ids.astype(np.int64)).to(dev), torch.from_numpy(rows).to(dev),
             torch.from_numpy(valid).to(dev))
-
-
-def _compute_dtype(t: Tensor) -> torch.dtype:
-    """The dtype an autocast region would compute a matrix product of ``t`` in
-    (``t``'s own outside one)."""
-    dev = t.device.type
-    if torch.is_autocast_enabled(dev) and t.is_floating_point():
-        return torch.get_autocast_dtype(dev)
-    return t.dtype
-
-
-class _GatheredScores(torch.autograd.Function):
-    """``out[n, k, l] = q[n] . kf[g[n, k], l]`` (``q`` ``N x d``, ``kf`` ``G x L x d``,
-    ``g`` ``N x K`` long) without keeping the gathered ``N x K x L x d`` keys:
-    computed in chunks of ``chunk`` rows in both passes; the keys' gradient is
-    accumulated (``index_add``) in float32 at least. Under autocast both passes
-    compute in the autocast dtype (the backward runs outside the region, so the
-    dtype is kept from the forward and the operands cast explicitly)."""
-
-    @staticmethod
-    def forward(ctx, q, kf, g, chunk: int):
-        ctx.save_for_backward(q, kf, g)
-        ctx.chunk, ctx.dt = chunk, _compute_dtype(q)
-        qc, kc = q.to(ctx.dt), kf.to(ctx.dt)
-        N, K = g.shape
-        out = qc.new_empty(N, K, kf.size(1))
-        for a in range(0, N, chunk):
-            out[a:a + chunk] = torch.einsum("nd,nkld->nkl", qc[a:a + chunk], kc[g[a:a + chunk]])
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, kf, g = ctx.saved_tensors
-        N, chunk, dt = g.size(0), ctx.chunk, ctx.dt
-        qc, kc, grad = q.to(dt), kf.to(dt), grad.to(dt)
-        gq = gk = None
-        if ctx.needs_input_grad[0]:
-            gq = torch.empty_like(q)
-        if ctx.needs_input_grad[1]:
-            gk = kf.new_zeros(kf.shape, dtype=torch.promote_types(kf.dtype, torch.float32))
-        for a in range(0, N, chunk):
-            go, gc = grad[a:a + chunk], g[a:a + chunk]
-            if gq is not None:
-                gq[a:a + chunk] = torch.einsum("nkl,nkld->nd", go, kc[gc])
-            if gk is not None:
-                part = torch.einsum("nkl,nd->nkld", go, qc[a:a + chunk])
-                gk.index_add_(0, gc.reshape(-1), part.reshape(-1, *kf.shape[1:]).to(gk.dtype))
-        return gq, (gk.to(kf.dtype) if gk is not None else None), None, None
-
-
-class _GatheredValues(torch.autograd.Function):
-    """``out[n] = sum_{k,l} a[n, k, l] vf[g[n, k], l]`` (``a`` ``N x K x L``,
-    ``vf`` ``G x L x d``) without keeping the gathered values; chunked, in
-    the autocast dtype and with float32 gradient accumulation as
-    :class:`_GatheredScores`."""
-
-    @staticmethod
-    def forward(ctx, a, vf, g, chunk: int):
-        ctx.save_for_backward(a, vf, g)
-        ctx.chunk, ctx.dt = chunk, _compute_dtype(vf)
-        ac, vc = a.to(ctx.dt), vf.to(ctx.dt)
-        N = g.size(0)
-        out = vc.new_empty(N, vf.size(2))
-        for i in range(0, N, chunk):
-            out[i:i + chunk] = torch.einsum("nkl,nkld->nd", ac[i:i + chunk], vc[g[i:i + chunk]])
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        a, vf, g = ctx.saved_tensors
-        N, chunk, dt = g.size(0), ctx.chunk, ctx.dt
-        ac, vc, grad = a.to(dt), vf.to(dt), grad.to(dt)
-        ga = gv = None
-        if ctx.needs_input_grad[0]:
-            ga = torch.empty_like(a)
-        if ctx.needs_input_grad[1]:
-            gv = vf.new_zeros(vf.shape, dtype=torch.promote_types(vf.dtype, torch.float32))
-        for i in range(0, N, chunk):
-            go, gc = grad[i:i + chunk], g[i:i + chunk]
-            if ga is not None:
-                ga[i:i + chunk] = torch.einsum("nd,nkld->nkl", go, vc[gc])
-            if gv is not None:
-                part = torch.einsum("nkl,nd->nkld", ac[i:i + chunk], go)
-                gv.index_add_(0, gc.reshape(-1), part.reshape(-1, *vf.shape[1:]).to(gv.dtype))
-        return ga, (gv.to(vf.dtype) if gv is not None else None), None, None
-
-
-class _GatherRows(torch.autograd.Function):
-    """``x[rows]`` whose backward accumulates (``index_add``) in float32 at
-    least (autograd's own accumulates in ``x``'s dtype, float16 under
-    ``--fp16``, with one addition per query sentence of a document)."""
-
-    @staticmethod
-    def forward(ctx, x, rows):
-        ctx.save_for_backward(rows)
-        ctx.shape, ctx.dtype = x.shape, x.dtype
-        return x[rows]
-
-    @staticmethod
-    def backward(ctx, grad):
-        (rows,) = ctx.saved_tensors
-        acc = grad.new_zeros(ctx.shape, dtype=torch.promote_types(ctx.dtype, torch.float32))
-        acc.index_add_(0, rows.reshape(-1), grad.reshape(-1, *ctx.shape[1:]).to(acc.dtype))
-        return acc.to(ctx.dtype), None
 
 
 @dataclass
@@ -440,19 +341,15 @@ class HierarchicalContextAttention(nn.Module):
             Eq. 3 weight per (token, head)) instead of on every sentence.
         attention_dropout: dropout on the final attention weights.
         kdim / vdim: feature dims of ``mem_keys`` / ``mem_values`` (default ``C``).
-        chunk_elems: word level: about how many gathered key/value elements
-            are formed at once (forward and backward).
         sentence_distance: ``N`` > 0: learned per-head bias on the sentence
             scores by the signed sentence distance clipped to ``[-N, N]``
             (beyond the paper, see the module docstring); 0 (default): off.
-        word_capacity: ``K`` of the selective path, an approximation when the
-            support is larger (see the module docstring); 0 (default): none,
-            exact.
-        dense_elems: the word level gathers each query sentence's document
-            words once (``B x S_max x L x C`` elements, batched GEMMs over its
-            tokens) while that is at most this many elements and moves less
-            than gathering ``K`` sentences per token; else per token (see the
-            module docstring).
+        word_capacity: 0, the only value (the opt-in capacity was removed).
+        word_block: memory sentences per block of the streamed word level
+            (:mod:`ctx_fairseq.modules.word_attention`; fixed, never derived
+            from the batch).
+        tile_elems: about how many score elements one tile of the word level
+            holds (forward and backward).
 
     Shapes: ``query`` ``T x B x C``; ``query_doc``/``query_pos`` ``(B,)`` long;
     ``mem_keys`` ``S x L x kdim``, ``mem_values`` ``S x L x vdim``,
@@ -464,8 +361,8 @@ class HierarchicalContextAttention(nn.Module):
                  sentence_attn: str = "sparsemax", word_attn: str = "softmax",
                  selective: bool = True, attention_dropout: float = 0.0,
                  kdim: Optional[int] = None, vdim: Optional[int] = None,
-                 chunk_elems: int = 1 << 25, sentence_distance: int = 0,
-                 word_capacity: int = WORD_CAPACITY, dense_elems: int = 1 << 28):
+                 sentence_distance: int = 0, word_capacity: int = WORD_CAPACITY,
+                 word_block: int = WORD_BLOCK, tile_elems: int = TILE_ELEMS):
         super().__init__()
         if attention not in ATTENTION_TYPES:
             raise ValueError(f"attention: expected one of {ATTENTION_TYPES}, got {attention!r}")
@@ -475,9 +372,13 @@ class HierarchicalContextAttention(nn.Module):
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        if int(word_capacity) < 0:
-            raise ValueError(f"word_capacity must be >= 0 (0: no capacity, exact), "
-                             f"got {word_capacity}")
+        if int(word_capacity) != 0:
+            raise ValueError(
+                f"word_capacity {word_capacity}: the word level's capacity (--doc-word-capacity) "
+                "was removed; the streamed word level is exact and faster (0 is the only value)")
+        if int(word_block) < 1 or int(tile_elems) < 1:
+            raise ValueError(f"word_block and tile_elems must be >= 1, got {word_block}, "
+                             f"{tile_elems}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -488,9 +389,9 @@ class HierarchicalContextAttention(nn.Module):
         self.sentence_attn = sentence_attn
         self.word_attn = word_attn
         self.selective = selective
-        self.chunk_elems = int(chunk_elems)
-        self.word_capacity = int(word_capacity)
-        self.dense_elems = int(dense_elems)
+        self.word_capacity = 0
+        self.word_block = int(word_block)
+        self.tile_elems = int(tile_elems)
         self.uses_sentences = attention in ("hierarchical", "flat-sentence")
         self.uses_words = attention in ("hierarchical", "flat-word")
         self.sentence_distance = int(sentence_distance)
@@ -525,8 +426,7 @@ class HierarchicalContextAttention(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"attention={self.attention}, sentence_attn={self.sentence_attn}, "
                 f"word_attn={self.word_attn}, selective={self.selective}, "
-                f"sentence_distance={self.sentence_distance}, "
-                f"word_capacity={self.word_capacity}")
+                f"sentence_distance={self.sentence_distance}, word_block={self.word_block}")
 
     # ------------------------------------------------------------------ memory
     def project_memory(self, mem_keys: Tensor, mem_values: Tensor, mem_word_mask: Tensor,
@@ -604,8 +504,18 @@ class HierarchicalContextAttention(nn.Module):
     def forward(self, query: Tensor, memory: ProjectedMemory, query_doc: Tensor,
                 query_pos: Tensor, online: bool, query_padding_mask: Optional[Tensor] = None,
                 need_weights: bool = False, need_word_weights: bool = False,
-                return_stats: bool = False) -> Tuple[Tensor, Dict[str, Tensor]]:
+                return_stats: bool = False,
+                query_groups: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Context attention for ``query`` (``T x B x C``) over ``memory``.
+
+        ``query_groups`` (``D x Bq_max`` long, the collater's
+        ``query_doc_groups``; :meth:`group_queries` without one): the batch
+        rows of the query sentences of each document of the memory's index,
+        padded with ``B``; the word level then runs per document (one matrix
+        product per document and block of memory sentences). Without it
+        (incremental decoding, whose queries follow the beam) it runs per query
+        sentence. Both are exact; which one runs depends on the call, never on
+        the batch's other documents.
 
         Returns ``(out, info)``: ``out`` is ``T x B x C`` (exactly 0 for query
         sentences with no visible context sentence); ``info`` always holds
@@ -662,20 +572,34 @@ class HierarchicalContextAttention(nn.Module):
             has_context = vis.any(1)
             tok = real_tok & has_context.unsqueeze(1)  # B x T: tokens counted in stats
             bias = self._distance_bias(query_pos, memory, rows)  # B x H x 1 x S_max or None
+            lay = _Layout(T, B, rows, memory.doc_rows, query_groups)
+            vis_g = lay.group(vis[:, None, None, :].expand(B, 1, T, s_max), False)
+            bias_g = lay.group(bias.expand(B, H, T, s_max), 0.0) if bias is not None else None
             q_s = q_w = None
             if self.uses_sentences:
-                q_s = (self.q_s_proj(query) * self.scaling).view(T, B, H, hd)
+                q_s = lay.group((self.q_s_proj(query) * self.scaling).view(T, B, H, hd).permute(
+                    1, 2, 0, 3), 0.0)
             if self.uses_words:
-                q_w = (self.q_w_proj(query) * self.scaling).view(T, B, H, hd)
+                q_w = lay.group((self.q_w_proj(query) * self.scaling).view(T, B, H, hd).permute(
+                    1, 2, 0, 3), 0.0)
+            want_sent = need_weights or return_stats
             if self.attention == "hierarchical":
-                o, a_s, a_w, st = self._hierarchical(q_s, q_w, memory, rows, vis, tok,
-                                                     want_word_w, return_stats, bias)
+                o, a_g, nnz = self._hierarchical(q_s, q_w, memory, lay, vis_g, bias_g,
+                                                 return_stats)
             elif self.attention == "flat-sentence":
-                o, a_s, a_w, st = self._flat_sentence(q_s, memory, rows, vis, tok,
-                                                      return_stats, bias)
+                o, a_g, nnz = self._flat_sentence(q_s, memory, lay, vis_g, bias_g)
             else:
-                o, a_s, a_w, st = self._flat_word(q_w, memory, rows, vis, tok, want_word_w,
-                                                  return_stats, bias)
+                o, a_g, nnz = self._flat_word(q_w, memory, lay, vis_g, bias_g, want_sent)
+            a_s = lay.ungroup(a_g.detach()) if want_sent else None  # B x H x T x S_max
+            a_w = None
+            if want_word_w:
+                a_w = self._dense_word_weights(lay.ungroup(q_w), memory, rows, a_s, vis, bias)
+            st = None
+            if return_stats:
+                st = self._stats(vis, tok, a_s != 0,
+                                 lay.ungroup(nnz) if nnz is not None else None,
+                                 torch.zeros_like(tok.unsqueeze(1).expand(B, H, T)))
+            o = lay.ungroup(o).permute(2, 0, 1, 3)  # T x B x H x d
             out = self.out_proj(o.reshape(T, B, C))
             out = out.masked_fill(~has_context.view(1, B, 1), 0.0)
         info["has_context"] = has_context
@@ -733,142 +657,136 @@ class HierarchicalContextAttention(nn.Module):
         dist = (query_pos.unsqueeze(1) - memory.pos[rows]).clamp(-n, n) + n  # B x S_max
         return self.distance_bias[dist].permute(0, 2, 1).unsqueeze(2)
 
-    def _sentence_weights(self, qs: Tensor, memory: ProjectedMemory, rows: Tensor, vis: Tensor,
-                          bias: Optional[Tensor], kind: str) -> Tensor:
-        """Eq. 3 / Eq. 6 (flat-sentence) over each query's document (one gather
-        of the sentence keys, ``B x S_max x H x d_k``): ``B x H x T x S_max``."""
-        scores = torch.einsum("tbhd,bshd->bhts", qs, memory.k_s[rows])
-        if bias is not None:
-            scores = scores + bias
-        return masked_normalize(scores, vis[:, None, None, :], kind)
+    def _sentence_weights(self, qs: Tensor, memory: ProjectedMemory, lay: "_Layout",
+                          vis_g: Tensor, bias_g: Optional[Tensor], kind: str) -> Tensor:
+        """Eq. 3 / Eq. 6 (flat-sentence) over each group's memory sentences
+        (``G x H x M x S_max``), normalised and kept in float32 at least (Eq. 5
+        and the support test read it)."""
+        scores = torch.einsum("ghmd,gjhd->ghmj", qs, memory.k_s[lay.index])
+        if bias_g is not None:
+            scores = scores + bias_g
+        return masked_normalize(scores, vis_g, kind,
+                                dtype=torch.promote_types(scores.dtype, torch.float32))
 
-    def _per_query_words(self, T: int, B: int, s_max: int, k: int, L: int) -> bool:
-        """The word level's formulation, chosen from shapes only (no read):
-        per query sentence (its document's words gathered once, ``B x S_max x
-        L x C``, shared by its ``T`` tokens) when that fits ``dense_elems``
-        and moves no more than gathering ``k`` sentences per token
-        (``S_max <= T k``); else per token (:class:`_GatheredScores`)."""
-        return B * s_max * L * self.embed_dim <= self.dense_elems and s_max <= T * k
+    @staticmethod
+    def group_queries(memory: ProjectedMemory, query_doc: Tensor) -> Tensor:
+        """``query_groups`` for :meth:`forward`, computed on the host (one read;
+        the task's collater emits it as ``query_doc_groups``): row ``d`` holds
+        the batch rows of the queries of the memory's document ``d``."""
+        from ctx_fairseq.data.document_dataset import query_groups
 
-    def _doc_word_scores(self, q_w: Tensor, memory: ProjectedMemory, rows: Tensor) -> Tensor:
-        """``q_w`` (``T x B x H x d``) against every word of each query's
-        document: ``B x H x T x S_max x L`` (one batched GEMM per query and head)."""
-        return torch.einsum("tbhd,bshld->bhtsl", q_w, _GatherRows.apply(memory.k_w, rows))
+        ids = memory.doc_ids.detach().cpu().numpy()
+        qd = query_doc.detach().cpu().numpy()
+        slot = np.searchsorted(ids, qd) if len(ids) else np.zeros(len(qd), dtype=np.int64)
+        ok = (slot < len(ids)) & (ids[np.minimum(slot, max(len(ids) - 1, 0))] == qd) \
+            if len(ids) else np.zeros(len(qd), dtype=bool)
+        return torch.from_numpy(query_groups(np.where(ok, slot, -1), len(ids))).to(
+            query_doc.device)
 
-    def _doc_read_values(self, alpha: Tensor, memory: ProjectedMemory, rows: Tensor) -> Tensor:
-        """``alpha`` (``B x H x T x S_max x L``) times the values of each query's
-        document: ``T x B x H x d``."""
-        return torch.einsum("bhtsl,bshld->tbhd", alpha, _GatherRows.apply(memory.v_w, rows))
+    def _word_level(self, qw: Tensor, memory: ProjectedMemory, lay: "_Layout", weight: Tensor,
+                    flat: bool, want_nnz: bool):
+        """The streamed word level (:func:`streamed_word_attention`) in layout
+        ``lay``: ``(out G x H x M x d, nnz, mass)``."""
+        drop = self.dropout_module.p if (self.training or
+                                         self.dropout_module.apply_during_inference) else 0.0
+        return streamed_word_attention(qw, memory.k_w, memory.v_w, weight, lay.index,
+                                       memory.word_mask, flat=flat, word_attn=self.word_attn,
+                                       block=self.word_block, tile_elems=self.tile_elems,
+                                       dropout=drop, want_nnz=want_nnz)
 
-    def _word_chunk(self, k: int, L: int) -> int:
-        return max(1, self.chunk_elems // max(1, k * L * self.head_dim))
+    def _dense_word_weights(self, qw: Tensor, memory: ProjectedMemory, rows: Tensor,
+                            alpha_s: Optional[Tensor], vis: Tensor,
+                            bias: Optional[Tensor]) -> Tensor:
+        """``B x H x T x S_max x L`` word weights (``alpha_hier`` / the flat
+        weights; ``qw`` ``B x H x T x d``), for analyses only
+        (``need_word_weights``): it pairs every query token with every word of
+        its document, which the streamed word level never does."""
+        with torch.no_grad():
+            B, s_max = rows.shape
+            scores = torch.einsum("bhtd,bshld->bhtsl", qw, memory.k_w[rows])
+            scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+            words = memory.word_mask[rows].view(B, 1, 1, s_max, -1)
+            if self.attention == "flat-word":
+                if bias is not None:
+                    scores = scores + bias.unsqueeze(-1)
+                mask = (vis.view(B, 1, 1, s_max, 1) & words).reshape(B, 1, 1, -1)
+                return masked_normalize(scores.reshape(*scores.shape[:3], -1), mask,
+                                        "softmax").view_as(scores)
+            alpha_w = masked_normalize(scores, words & (alpha_s != 0).unsqueeze(-1),
+                                       self.word_attn)
+            return alpha_w * alpha_s.unsqueeze(-1)
 
-    def _word_scores(self, q_w: Tensor, memory: ProjectedMemory, sel: Tensor) -> Tensor:
-        """``q_w`` (``T x B x H x d``) against the words of memory rows ``sel``
-        (``B x H x T x K``): ``B x H x T x K x L``, keys gathered per chunk only."""
-        T, B, H, hd = q_w.shape
-        K, L = sel.size(-1), memory.max_len
-        heads = torch.arange(H, device=sel.device).view(1, H, 1, 1)
-        g = (sel * H + heads).reshape(-1, K)
-        q = q_w.permute(1, 2, 0, 3).reshape(-1, hd)
-        kf = memory.k_w.reshape(-1, L, hd)
-        out = _GatheredScores.apply(q, kf, g, self._word_chunk(K, L))
-        return out.view(B, H, T, K, L), g
+    def _hierarchical(self, qs: Tensor, qw: Tensor, memory: ProjectedMemory, lay: "_Layout",
+                      vis_g: Tensor, bias_g: Optional[Tensor], want_stats: bool):
+        """Eq. 3-5: the sentence weights (float32), then the streamed word level
+        weighted by them (sentences outside the Eq. 3 support have weight 0 and
+        a zero sparsemax Jacobian: exact). Returns ``(out, alpha_s, nnz)`` in
+        the layout."""
+        alpha_s = self._sentence_weights(qs, memory, lay, vis_g, bias_g, self.sentence_attn)
+        out, nnz, _ = self._word_level(qw, memory, lay, alpha_s, False, want_stats)
+        return out, alpha_s, nnz
 
-    def _read_values(self, alpha: Tensor, memory: ProjectedMemory, g: Tensor) -> Tensor:
-        """``alpha`` (``B x H x T x K x L``) times the values of the rows behind
-        ``g``: ``T x B x H x d``."""
-        B, H, T, K, L = alpha.shape
-        vf = memory.v_w.reshape(-1, L, self.head_dim)
-        out = _GatheredValues.apply(alpha.reshape(-1, K, L), vf, g, self._word_chunk(K, L))
-        return out.view(B, H, T, self.head_dim).permute(2, 0, 1, 3)
+    def _flat_sentence(self, qs: Tensor, memory: ProjectedMemory, lay: "_Layout",
+                       vis_g: Tensor, bias_g: Optional[Tensor]):
+        alpha = self._sentence_weights(qs, memory, lay, vis_g, bias_g, "softmax")  # Eq. 6
+        v_s = memory.v_s[lay.index]
+        out = torch.einsum("ghmj,gjhd->ghmd", self.dropout_module(alpha).to(v_s.dtype), v_s)
+        return out, alpha, None
 
-    def _hierarchical(self, qs: Tensor, qw: Tensor, memory: ProjectedMemory, rows: Tensor,
-                      vis: Tensor, tok: Tensor, want_word_w: bool, want_stats: bool,
-                      bias: Optional[Tensor] = None):
-        """Eq. 3-5. The word level runs over ``K`` sentences per (token, head),
-        masked to the Eq. 3 support: every sentence of the document (``K =
-        S_max``, exact) unless an opt-in ``word_capacity`` (``0 < K < S_max``,
-        selective with a sparsemax Eq. 3) keeps the ``K`` of largest weight
-        (``topk``; the support, unless it overflows)."""
-        T, B, H, hd = qw.shape
-        s_max = rows.size(1)
-        alpha_s = self._sentence_weights(qs, memory, rows, vis, bias, self.sentence_attn)
-        support = (alpha_s != 0).detach()  # B x H x T x S_max
-        capped = self.selective and self.sentence_attn == "sparsemax" \
-            and 0 < self.word_capacity < s_max
-        if self._per_query_words(T, B, s_max, self.word_capacity if capped else s_max,
-                                 memory.max_len):
-            # every sentence of the document, masked to the support: exact, no capacity
-            scores = self._doc_word_scores(qw, memory, rows)  # B x H x T x S_max x L
-            mask = memory.word_mask[rows].view(B, 1, 1, s_max, -1) & support.unsqueeze(-1)
-            alpha_w = masked_normalize(scores, mask, self.word_attn)  # Eq. 4
-            alpha = alpha_w * alpha_s.unsqueeze(-1)  # Eq. 5
-            out = self._doc_read_values(self.dropout_module(alpha), memory, rows)
-            st = None
-            if want_stats:
-                st = self._stats(vis, tok, support, (alpha_w != 0).sum(-1),
-                                 torch.zeros_like(support[..., 0]))
-            return out, alpha_s, (alpha.detach() if want_word_w else None), st
-        rows_bhts = rows.view(B, 1, 1, s_max).expand(B, H, T, s_max)
-        overflow = None
-        if capped:
-            a_sel, idx = alpha_s.topk(self.word_capacity, dim=-1)  # B x H x T x K
-            sel = rows_bhts.gather(-1, idx)
-            overflow = support.sum(-1) > self.word_capacity
-        else:
-            a_sel, idx, sel = alpha_s, None, rows_bhts
-        in_support = (a_sel != 0).detach()
-        scores, g = self._word_scores(qw, memory, sel)
-        mask = memory.word_mask[sel] & in_support.unsqueeze(-1)
-        alpha_w = masked_normalize(scores, mask, self.word_attn)  # Eq. 4
-        alpha = alpha_w * a_sel.unsqueeze(-1)  # Eq. 5
-        out = self._read_values(self.dropout_module(alpha), memory, g)
-        word_alpha = None
-        if want_word_w:
-            word_alpha = alpha.detach()
-            if idx is not None:
-                word_alpha = alpha.new_zeros(B, H, T, s_max, memory.max_len).scatter_(
-                    3, idx.unsqueeze(-1).expand_as(word_alpha), word_alpha)
-        st = None
-        if want_stats:
-            if overflow is None:
-                overflow = torch.zeros_like(support[..., 0])
-            st = self._stats(vis, tok, support, (alpha_w != 0).sum(-1), overflow)
-        return out, alpha_s, word_alpha, st
+    def _flat_word(self, qw: Tensor, memory: ProjectedMemory, lay: "_Layout", vis_g: Tensor,
+                   bias_g: Optional[Tensor], want_sent: bool):
+        """Eq. 6 over every real word of the visible sentences, streamed (one
+        softmax per query token, flash-attention style). The sentence term of
+        the logits: the distance bias (0 without), ``-inf`` where not visible.
+        The sentence weights (each sentence's share) are computed when asked."""
+        acc = torch.promote_types(qw.dtype, torch.float32)
+        c = torch.zeros((), dtype=acc, device=qw.device).masked_fill(~vis_g, float("-inf"))
+        c = c.expand(*qw.shape[:3], vis_g.size(-1))
+        if bias_g is not None:
+            c = c + bias_g.to(acc)
+        out, nnz, mass = self._word_level(qw, memory, lay, c, True, want_sent)
+        if mass is None:
+            mass = c.new_zeros(())
+        return out, mass, nnz
 
-    def _flat_sentence(self, qs: Tensor, memory: ProjectedMemory, rows: Tensor, vis: Tensor,
-                       tok: Tensor, want_stats: bool, bias: Optional[Tensor] = None):
-        alpha = self._sentence_weights(qs, memory, rows, vis, bias, "softmax")  # Eq. 6
-        out = torch.einsum("bhts,bshd->tbhd", self.dropout_module(alpha), memory.v_s[rows])
-        st = None
-        if want_stats:
-            st = self._stats(vis, tok, (alpha != 0).detach(), None)
-        return out, alpha, None, st
 
-    def _flat_word(self, qw: Tensor, memory: ProjectedMemory, rows: Tensor, vis: Tensor,
-                   tok: Tensor, want_word_w: bool, want_stats: bool,
-                   bias: Optional[Tensor] = None):
-        T, B, H, _ = qw.shape
-        s_max, L = rows.size(1), memory.max_len
-        per_query = self._per_query_words(T, B, s_max, s_max, L)
-        if per_query:
-            scores = self._doc_word_scores(qw, memory, rows)
-        else:
-            sel = rows.view(B, 1, 1, s_max).expand(B, H, T, s_max)
-            scores, g = self._word_scores(qw, memory, sel)
-        if bias is not None:  # the sentence's bias on every word of it
-            scores = scores + bias.unsqueeze(-1)
-        mask = (vis.unsqueeze(-1) & memory.word_mask[rows]).view(B, 1, 1, s_max * L)
-        alpha = masked_normalize(scores.reshape(B, H, T, s_max * L), mask, "softmax")  # Eq. 6
-        alpha = alpha.view(B, H, T, s_max, L)
-        out = (self._doc_read_values(self.dropout_module(alpha), memory, rows) if per_query
-               else self._read_values(self.dropout_module(alpha), memory, g))
-        alpha_sent = alpha.sum(-1)
-        st = None
-        if want_stats:
-            st = self._stats(vis, tok, (alpha_sent != 0).detach(), (alpha != 0).sum(-1))
-        return out, alpha_sent, (alpha.detach() if want_word_w else None), st
+class _Layout:
+    """How the query rows are arranged for the word level: per query sentence
+    (``G = B`` groups of ``M = T`` rows, memory sentences ``rows``; incremental
+    decoding) or per document (``query_groups`` ``D x Bq``: ``G = D`` groups of
+    ``M = Bq T`` rows, memory sentences ``doc_rows``; one matrix product per
+    document). Static shapes; no host read."""
+
+    def __init__(self, T: int, B: int, rows: Tensor, doc_rows: Tensor,
+                 query_groups: Optional[Tensor]):
+        self.T, self.B = T, B
+        self.groups = query_groups
+        if query_groups is None:
+            self.index = rows
+            return
+        D, Bq = query_groups.shape
+        self.index = doc_rows
+        inv = torch.full((B + 1,), D * Bq, dtype=torch.long, device=rows.device)
+        inv[query_groups.reshape(-1)] = torch.arange(D * Bq, device=rows.device)
+        self.inv = inv[:B]  # each batch row's place in the groups (D*Bq: none)
+
+    def group(self, x: Tensor, fill) -> Tensor:
+        """``B x F x T x E`` -> ``G x F x M x E`` (rows of no sentence: ``fill``)."""
+        if self.groups is None:
+            return x
+        D, Bq = self.groups.shape
+        pad = x.new_full((1,) + x.shape[1:], fill)
+        x = torch.cat([x, pad])[self.groups]  # D x Bq x F x T x E
+        return x.transpose(1, 2).reshape(D, x.size(2), Bq * self.T, x.size(-1))
+
+    def ungroup(self, x: Tensor) -> Tensor:
+        """``G x F x M x E`` -> ``B x F x T x E`` (a row in no group: 0)."""
+        if self.groups is None:
+            return x
+        D, Bq = self.groups.shape
+        F, E = x.size(1), x.size(-1)
+        x = x.reshape(D, F, Bq, self.T, E).transpose(1, 2).reshape(D * Bq, F, self.T, E)
+        return torch.cat([x, x.new_zeros((1,) + x.shape[1:])])[self.inv]
 
 
 class ContextGating(nn.Module):

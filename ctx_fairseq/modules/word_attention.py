@@ -1,0 +1,338 @@
+r"""The word level of selective attention (Maruf et al. 2019, Eq. 4-5, and the
+flat word attention of Eq. 6), streamed over blocks of memory sentences: no
+tensor pairs every query token with every word of its document.
+
+Notation: a *group* ``g`` is a set of ``M`` query rows (tokens) that share
+one list of ``J`` memory sentences ``index[g]`` (rows of the projected memory,
+each ``L`` words): one query sentence (``M = T``, the per-sentence layout of
+incremental decoding) or all query sentences of one document (``M = Bq T``,
+the per-document layout the task's collater provides). Per head ``h``:
+
+* hierarchical (Eq. 4-5 and the value read)::
+
+      out[m] = sum_j a[m, j] sum_l norm_l(s[m, j, l]) v[j, l]      s = q[m] . k[j, l]
+
+  ``a`` the Eq. 3 sentence weights (0 outside the sparsemax support and for
+  sentences that are not visible), ``norm`` softmax or sparsemax over the
+  real words of sentence ``j`` (Eq. 4). Because Eq. 4 normalises within one
+  sentence, a block of whole sentences is complete: blocks are summed, with
+  no rescaling between them.
+* flat-word (Eq. 6)::
+
+      out[m] = sum_{j,l} softmax_{j,l}(s[m, j, l] + c[m, j]) v[j, l]
+
+  over every real word of every visible sentence (``c``: the optional
+  sentence-distance bias, ``-inf`` where not visible), streamed with the
+  running maximum and sum of flash attention (Dao et al. 2022).
+
+Forward and backward loop over tiles (a chunk of groups, a chunk of their
+query rows, a block of ``block`` sentences); each tile's scores
+(``chunk x H x M x block x L``) are computed, used and dropped, and the
+backward recomputes them (the memory-for-compute trade of flash attention).
+Kept for the backward: the inputs, the output, and for flat-word the
+log-sum-exp per query row. Peak memory is therefore linear in the document:
+``O(G H M J)`` for the sentence weights plus one tile. Gradients::
+
+    dP = g . v[j, l]                (the tile's dropout mask applied)
+    hierarchical:  da[m, j] = sum_l p dP,   ds = a p (dP - da)            (softmax)
+                                            ds = on (a dP - mean_on(a dP)) (sparsemax)
+    flat-word:     ds = P (dP - D),  D[m] = g . out[m],   dc[m, j] = sum_l ds
+    dq = sum ds k,   dk = sum ds q,   dv = sum P g        (float32 accumulation)
+
+Exactness and batch independence. The blocks start at the group's first
+memory sentence and have a fixed size (``block``, never derived from the
+batch), a tile past a group's last sentence adds exactly 0, and the group
+and row chunks only split independent rows, so a sentence's result does not
+depend on which other documents share its batch (tested bitwise in float32
+on the CPU). Matrix products run in the operands' dtype (the autocast dtype
+inside an autocast region), normalisation and accumulation in float32; the
+sentence weights ``a`` stay float32.
+
+Attention dropout (on ``alpha_hier`` / the flat weights, fairseq's placement)
+draws its mask per tile from a generator seeded with a seed drawn from
+torch's default CPU generator and the tile's number, so that the backward
+regenerates the forward's mask without storing it.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["streamed_word_attention", "WORD_BLOCK", "TILE_ELEMS"]
+
+#: memory sentences per block (fixed: a sentence's result must not depend on the batch)
+WORD_BLOCK = 32
+#: about how many score elements one tile holds (group, row and block chunks)
+TILE_ELEMS = 1 << 23
+
+
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    """The dtype an autocast region would compute a matrix product of ``t`` in."""
+    dev = t.device.type
+    if torch.is_autocast_enabled(dev) and t.is_floating_point():
+        return torch.get_autocast_dtype(dev)
+    return t.dtype
+
+
+def _tiles(G: int, M: int, J: int, H: int, L: int, block: int, tile_elems: int):
+    """Tiles ``(g0, g1, m0, m1, j0, j1, number)`` in a fixed order; from shapes only."""
+    per_row = H * block * L
+    rows = max(1, tile_elems // per_row)
+    gq = max(1, rows // max(M, 1)) if M <= rows else 1
+    mq = M if M <= rows else rows
+    n = 0
+    for g0 in range(0, G, gq):
+        for m0 in range(0, M, mq):
+            for j0 in range(0, J, block):
+                yield g0, min(G, g0 + gq), m0, min(M, m0 + mq), j0, min(J, j0 + block), n
+                n += 1
+
+
+def _sparsemax(x: Tensor, dim: int) -> Tensor:
+    """Sparsemax over ``dim`` (Martins & Astudillo 2016; the forward of
+    :class:`ctx_fairseq.modules.selective_attention._Sparsemax`)."""
+    x = x - x.amax(dim, keepdim=True)
+    z, _ = torch.sort(x, dim=dim, descending=True)
+    cs = z.cumsum(dim) - 1
+    shape = [1] * x.dim()
+    shape[dim] = x.size(dim)
+    k = torch.arange(1, x.size(dim) + 1, device=x.device, dtype=x.dtype).view(shape)
+    support = (k * z > cs).sum(dim, keepdim=True)
+    tau = cs.gather(dim, support - 1) / support.to(x.dtype)
+    return torch.clamp(x - tau, min=0)
+
+
+class _StreamedWordAttention(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, weight, index, word_mask, flat: bool, word_attn: str, block: int,
+                tile_elems: int, p_drop: float, seed: int, want_nnz: bool):
+        G, H, M, d = q.shape
+        J, L = index.size(1), k.size(2)
+        dt = _compute_dtype(q)
+        acc = torch.promote_types(q.dtype, torch.float32)
+        low = torch.finfo(acc).min
+        out = q.new_zeros(G, H, M, d, dtype=acc)
+        nnz = q.new_zeros(G, H, M, J, dtype=torch.int32) if want_nnz else None
+        mass = q.new_zeros(0, dtype=acc)
+        if flat:
+            run_max = q.new_full((G, H, M), low, dtype=acc)
+            run_sum = q.new_zeros(G, H, M, dtype=acc)
+
+        def tiles():
+            for g0, g1, m0, m1, j0, j1, n in _tiles(G, M, J, H, L, block, tile_elems):
+                yield (g0, g1, m0, m1, j0, j1, n,
+                       _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc))
+
+        for g0, g1, m0, m1, j0, j1, n, t in tiles():
+            rs = (slice(g0, g1), slice(None), slice(m0, m1))
+            if flat:
+                x = t.flat_logits(low)  # gq x H x mq x L x n
+                mx = torch.maximum(run_max[rs], x.amax((-2, -1)))
+                scale = torch.exp(run_max[rs] - mx)
+                e = torch.exp(x - mx[..., None, None])
+                run_sum[rs] = run_sum[rs] * scale + e.sum((-2, -1))
+                run_max[rs] = mx
+                out[rs] = out[rs] * scale.unsqueeze(-1) + t.read(_dropout(e, p_drop, seed, n))
+            else:
+                P, p = t.hier_weights(word_attn)
+                if nnz is not None:  # nonzero word weights of the sentences with weight
+                    nnz[rs + (slice(j0, j1),)] = ((p != 0) & (t.weight() != 0).unsqueeze(-2)
+                                                  ).sum(-2)
+                out[rs] += t.read(_dropout(P, p_drop, seed, n))
+        lse = None
+        if flat:
+            row_ok = run_max > low / 2  # a row with one visible word
+            out = torch.where(row_ok.unsqueeze(-1), out / run_sum.clamp(min=1e-30).unsqueeze(-1),
+                              out.new_zeros(()))
+            lse = torch.where(row_ok, run_max + run_sum.clamp(min=1e-30).log(),
+                              torch.full_like(run_max, float("inf")))
+            if nnz is not None:  # the final weights per sentence: one more pass over the scores
+                mass = q.new_zeros(G, H, M, J, dtype=acc)
+                for g0, g1, m0, m1, j0, j1, n, t in tiles():
+                    rs = (slice(g0, g1), slice(None), slice(m0, m1))
+                    P = torch.exp(t.flat_logits(low) - lse[rs][..., None, None])
+                    nnz[rs + (slice(j0, j1),)] = (P != 0).sum(-2)
+                    mass[rs + (slice(j0, j1),)] = P.sum(-2)
+        ctx.save_for_backward(q, k, v, weight, index, word_mask, out, lse)
+        ctx.cfg = (flat, word_attn, block, tile_elems, p_drop, seed, dt, acc)
+        if nnz is None:
+            nnz = q.new_zeros(0, dtype=torch.int32)
+        ctx.mark_non_differentiable(nnz, mass)
+        return out.to(dt), nnz, mass
+
+    @staticmethod
+    def backward(ctx, grad, _grad_nnz, _grad_mass):
+        q, k, v, weight, index, word_mask, out, lse = ctx.saved_tensors
+        flat, word_attn, block, tile_elems, p_drop, seed, dt, acc = ctx.cfg
+        G, H, M, d = q.shape
+        J, L = index.size(1), k.size(2)
+        low = torch.finfo(acc).min
+        grad = grad.to(acc)
+        need_q, need_k, need_v, need_w = ctx.needs_input_grad[:4]
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device) if need_q else None
+        dk = torch.zeros(k.shape, dtype=torch.promote_types(k.dtype, torch.float32),
+                         device=k.device) if need_k else None
+        dv = torch.zeros(v.shape, dtype=torch.promote_types(v.dtype, torch.float32),
+                         device=v.device) if need_v else None
+        dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        D = (grad * out).sum(-1) if flat else None  # G x H x M
+        for g0, g1, m0, m1, j0, j1, n in _tiles(G, M, J, H, L, block, tile_elems):
+            t = _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc)
+            rs = (slice(g0, g1), slice(None), slice(m0, m1))
+            go = grad[rs]
+            dP = _dropout(t.grad_values(go), p_drop, seed, n)  # gq x H x mq x L x n
+            if flat:
+                P = torch.exp(t.flat_logits(low) - lse[rs][..., None, None])
+                ds = P * (dP - D[rs][..., None, None])
+                if dw is not None:
+                    dw[rs + (slice(j0, j1),)] = ds.sum(-2)
+            else:
+                P, p = t.hier_weights(word_attn)
+                da = (p * dP).sum(-2)  # d loss / d a
+                if dw is not None:
+                    dw[rs + (slice(j0, j1),)] = da
+                if word_attn == "softmax":
+                    ds = P * (dP - da.unsqueeze(-2))
+                else:
+                    on = p > 0
+                    dp = torch.where(on, dP * t.weight().unsqueeze(-2), dP.new_zeros(()))
+                    ds = torch.where(on, dp - dp.sum(-2, keepdim=True)
+                                     / on.sum(-2, keepdim=True).clamp(min=1), dp.new_zeros(()))
+            t.accumulate(ds, _dropout(P, p_drop, seed, n), go, dq, dk, dv)
+        return ((dq.to(q.dtype) if dq is not None else None),
+                (dk.to(k.dtype) if dk is not None else None),
+                (dv.to(v.dtype) if dv is not None else None),
+                (dw.to(weight.dtype) if dw is not None else None),
+                None, None, None, None, None, None, None, None, None)
+
+
+def _dropout(x: Tensor, p: float, seed: int, tile: int) -> Tensor:
+    """``x * mask / (1 - p)``, the mask drawn from ``(seed, tile)`` (the same in
+    both passes)."""
+    if p <= 0:
+        return x
+    gen = torch.Generator(device=x.device)
+    gen.manual_seed((seed + 1_000_003 * tile) % (1 << 63))
+    keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype) >= p
+    return x * keep / (1 - p)
+
+
+class _Tile:
+    """One tile: groups ``g0:g1``, query rows ``m0:m1``, memory sentences
+    ``j0:j1`` of each group's list. Word-major layout: the tile's keys and
+    values are ``gq x H x (L n) x d`` (word ``l`` of sentence ``i`` at ``l n + i``)
+    and its scores ``gq x H x mq x L x n``, so that every reduction over a
+    sentence's words runs over dim -2 with the sentences contiguous (a
+    softmax over a last dim of a dozen words is about ten times slower on the
+    CPU)."""
+
+    def __init__(self, q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc):
+        self.sl = (slice(g0, g1), slice(None), slice(m0, m1))
+        self.rows = index[g0:g1, j0:j1]  # gq x n
+        self.n = j1 - j0
+        self.j = slice(j0, j1)
+        self.L = k.size(2)
+        self.dt, self.acc = dt, acc
+        self.k, self.v, self.wsrc = k, v, weight
+        self._keys = self._values = None
+        self.q = q[self.sl].to(dt)
+        low = torch.finfo(acc).min
+        words = word_mask[self.rows].transpose(1, 2)  # gq x L x n
+        self.word_bias = torch.zeros((), dtype=acc, device=q.device).masked_fill(
+            ~words, low).unsqueeze(1).unsqueeze(1)  # gq x 1 x 1 x L x n
+
+    def _gather(self, x: Tensor) -> Tensor:
+        gq, n = self.rows.shape
+        H, L, d = x.shape[1:]
+        return x[self.rows].to(self.dt).permute(0, 2, 3, 1, 4).reshape(gq, H, L * n, d)
+
+    @property
+    def keys(self) -> Tensor:
+        if self._keys is None:
+            self._keys = self._gather(self.k)
+        return self._keys
+
+    @property
+    def values(self) -> Tensor:
+        if self._values is None:
+            self._values = self._gather(self.v)
+        return self._values
+
+    def weight(self) -> Tensor:
+        """The tile's sentence term, ``gq x H x mq x n``."""
+        return self.wsrc[self.sl + (self.j,)].to(self.acc)
+
+    def scores(self) -> Tensor:
+        """``gq x H x mq x L x n`` in the accumulation dtype."""
+        s = torch.matmul(self.q, self.keys.transpose(-1, -2)).to(self.acc)
+        return s.view(*s.shape[:-1], self.L, self.n)
+
+    def hier_weights(self, word_attn: str) -> Tuple[Tensor, Tensor]:
+        """Eq. 4-5 on the tile: ``(a p, p)``, ``p`` normalised over each
+        sentence's real words (a sentence without one, which never has
+        weight, gets uniform weights)."""
+        s = self.scores()
+        s += self.word_bias
+        p = torch.softmax(s, -2) if word_attn == "softmax" else _sparsemax(s, -2)
+        return p * self.weight().unsqueeze(-2), p
+
+    def flat_logits(self, low: float) -> Tensor:
+        """Eq. 6 logits on the tile; ``low`` where not allowed."""
+        s = self.scores()
+        s += self.word_bias
+        s += self.weight().unsqueeze(-2)
+        return s.clamp_(min=low)
+
+    def read(self, P: Tensor) -> Tensor:
+        """``P`` (``gq x H x mq x L x n``) times the tile's values."""
+        return torch.matmul(P.to(self.dt).flatten(-2), self.values).to(self.acc)
+
+    def grad_values(self, go: Tensor) -> Tensor:
+        """``g . v`` for every word of the tile: ``gq x H x mq x L x n``."""
+        gv = torch.matmul(go.to(self.dt), self.values.transpose(-1, -2)).to(self.acc)
+        return gv.view(*gv.shape[:-1], self.L, self.n)
+
+    def accumulate(self, ds: Tensor, Pd: Tensor, go: Tensor, dq, dk, dv) -> None:
+        ds, Pd = ds.to(self.dt).flatten(-2), Pd.to(self.dt).flatten(-2)
+        if dq is not None:
+            dq[self.sl] += torch.matmul(ds, self.keys).to(dq.dtype)
+        flat_rows = self.rows.reshape(-1)
+        gq, n = self.rows.shape
+        for acc, a, b in ((dk, ds, self.q), (dv, Pd, go.to(self.dt))):
+            if acc is None:
+                continue
+            part = torch.matmul(a.transpose(-1, -2), b)  # gq x H x (L n) x d
+            H, d = part.size(1), part.size(-1)
+            part = part.view(gq, H, self.L, n, d).permute(0, 3, 1, 2, 4).reshape(
+                gq * n, H, self.L, d)
+            acc.index_add_(0, flat_rows, part.to(acc.dtype))
+
+
+def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, index: Tensor,
+                            word_mask: Tensor, flat: bool, word_attn: str = "softmax",
+                            block: int = WORD_BLOCK, tile_elems: int = TILE_ELEMS,
+                            dropout: float = 0.0, want_nnz: bool = False
+                            ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """The word level over groups (see the module docstring).
+
+    ``q`` ``G x H x M x d`` (scaled queries); ``k``/``v`` ``S x H x L x d`` (the
+    projected memory); ``weight`` ``G x H x M x J`` float32: the sentence
+    weights ``a`` (hierarchical) or the flat logits' sentence term ``c``
+    (``-inf`` where not visible); ``index`` ``G x J`` long (memory rows);
+    ``word_mask`` ``S x L`` (True = real word). ``dropout``: the attention
+    dropout probability (0 outside training). Returns ``(out, nnz, mass)``:
+    ``out`` ``G x H x M x d`` in the compute dtype; with ``want_nnz``, ``nnz``
+    ``G x H x M x J`` int32 (the nonzero word weights of each sentence with
+    weight, before dropout) and for flat-word ``mass`` (``G x H x M x J``
+    float32, each sentence's share of the weights), else None."""
+    if word_attn not in ("softmax", "sparsemax"):
+        raise ValueError(f"word_attn: expected softmax or sparsemax, got {word_attn!r}")
+    seed = int(torch.randint(0, 1 << 62, (1,)).item()) if dropout > 0 else 0  # CPU generator
+    out, nnz, mass = _StreamedWordAttention.apply(
+        q, k, v, weight.to(torch.promote_types(q.dtype, torch.float32)), index, word_mask, bool(flat), word_attn, int(block),
+        int(tile_elems), float(dropout), seed, bool(want_nnz))
+    if not want_nnz:
+        return out, None, None
+    return out, nnz, (mass if flat else None)
