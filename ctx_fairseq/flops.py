@@ -146,3 +146,64 @@ def counted_op_names() -> Set[str]:
     registry = FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOP_FORMULAS).flop_registry
     return {"aten::" + str(op).split(".", 1)[1] for op in registry
             if isinstance(op, torch._ops.OpOverloadPacket) and str(op).startswith("aten.")}
+
+
+# --------------------------------------------------------------------------- hardware peaks
+
+#: Dense (no structured sparsity) peak throughput in TFLOP/s of NVIDIA data-centre
+#: cards by precision, from NVIDIA's datasheets: ``fp32`` the CUDA cores' FP32,
+#: ``tf32`` / ``bf16`` / ``fp16`` the tensor cores' (FP32 accumulation). The
+#: datasheets give the tensor-core figures "with sparsity"; the dense peak is half
+#: of that. ``None``: the card has no such tensor-core mode (V100, T4: no TF32 or
+#: BF16). Matched against ``torch.cuda.get_device_name()`` in order, first match
+#: wins (so the PCIe and NVL variants come before the SXM default).
+PEAK_TFLOPS = [
+    # (name pattern, {precision: dense TFLOP/s})
+    (r"H200.*NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (r"H200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),       # SXM
+    (r"H100.*NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (r"H100.*PCI", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5}),
+    (r"H100", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),       # SXM (HBM3)
+    (r"A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),       # 40/80 GB
+    (r"A30\b", {"fp32": 10.3, "tf32": 82.0, "bf16": 165.0, "fp16": 165.0}),
+    (r"A10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
+    (r"L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
+    (r"L4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    (r"V100S", {"fp32": 16.4, "tf32": None, "bf16": None, "fp16": 130.0}),
+    (r"V100.*PCI", {"fp32": 14.0, "tf32": None, "bf16": None, "fp16": 112.0}),
+    (r"V100", {"fp32": 15.7, "tf32": None, "bf16": None, "fp16": 125.0}),         # SXM2
+    (r"\bT4\b", {"fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0}),
+]
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def device_peak_tflops(device_name: str, precision: str):
+    """``(peak TFLOP/s, matched pattern)`` of ``device_name`` (as
+    ``torch.cuda.get_device_name`` gives it) in ``precision``; ``(None, None)``
+    for a card not in :data:`PEAK_TFLOPS`, ``(None, pattern)`` for a known card
+    without that precision."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    for pattern, peaks in PEAK_TFLOPS:
+        if re.search(pattern, device_name or ""):
+            return peaks.get(precision), pattern
+    return None, None
+
+
+def matmul_precision(fp16: bool, bf16: bool = False) -> str:
+    """The precision a CUDA run's matrix products use: ``fp16`` / ``bf16``
+    under autocast, else ``tf32`` where torch lets float32 matrix products use
+    TF32 (``torch.backends.cuda.matmul.allow_tf32``, off by default, as
+    fairseq-train leaves it), else ``fp32``."""
+    if fp16:
+        return "fp16"
+    if bf16:
+        return "bf16"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
+def mfu(flops: float, seconds: float, peak_tflops) -> Dict[str, float]:
+    """Achieved TFLOP/s of ``flops`` done in ``seconds`` and its fraction of
+    ``peak_tflops`` (``mfu`` None where no peak is known)."""
+    achieved = flops / seconds / 1e12
+    return {"tflops": achieved, "mfu": achieved / peak_tflops if peak_tflops else None}

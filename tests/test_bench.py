@@ -2,6 +2,7 @@
 architecture option pass-through and bad input."""
 
 import json
+import re
 
 import pytest
 
@@ -19,7 +20,9 @@ def run_json(capsys, argv):
 
 def test_baseline_against_itself(capsys):
     report = run_json(capsys, ["--archs", "transformer", *TINY])
-    assert set(report) == {"device", "shape", "results"}
+    assert set(report) == {"device", "shape", "results", "precision", "peak_tflops",
+                           "peak_tflops_source"}
+    assert report["precision"] == "fp32" and report["peak_tflops"] is None
     assert report["shape"]["batch_size"] == 8 and report["shape"]["layers"] == 1
     a, b = report["results"]
     keys = {"arch", "params", "train_tokens_per_s", "train_ratio", "flops_ratio_bound",
@@ -58,7 +61,8 @@ def test_table_and_markdown_output(capsys, tmp_path):
     saved.write_text(json.dumps(report))
     bench.cli_main(["--from-json", str(saved), "--markdown"])
     md = capsys.readouterr().out.splitlines()
-    assert md[0].startswith("| arch | params") and len(md) == 4 and "infer FLOPs bound" in md[0]
+    assert md[0].startswith("| arch | params") and len(md) == 6 and "infer FLOPs bound" in md[0]
+    assert md[-1].startswith("precision: fp32; MFU: -, no peak known for the CPU")
     assert md[2].startswith("| `transformer` |") and "| 1.000 |" in md[2]
 
 
@@ -230,3 +234,219 @@ def test_selective_rows_say_where_the_memory_comes_from(capsys):
     table = bench.format_table(report).splitlines()
     assert table[-2].startswith("transformer_selective_doc: encoder integration, frozen")
     assert table[-1].startswith("transformer_selective_doc[--context-memory shared]: ")
+
+
+# ------------------------------------------------------------------ absolute efficiency
+
+
+def test_mfu_against_a_given_peak(capsys):
+    """Issue 27: achieved TFLOP/s (counted FLOPs of a step over its median
+    time) and MFU, its fraction of ``--peak-tflops``, for training and beam
+    search; printed in the table."""
+    report = run_json(capsys, ["--archs", "transformer", *TINY, "--peak-tflops", "0.5"])
+    assert report["peak_tflops"] == 0.5 and report["peak_tflops_source"] == "--peak-tflops"
+    for r in report["results"]:
+        step_s = r["batch_target_tokens"] / r["train_tokens_per_s"]
+        assert r["train_tflops"] == pytest.approx(r["train_flops"] / step_s / 1e12)
+        assert r["train_mfu"] == pytest.approx(r["train_tflops"] / 0.5)
+        assert 0 < r["infer_mfu"] == pytest.approx(r["infer_tflops"] / 0.5)
+        assert r["batch_sentences"] == 8 and r["batch_memory_sentences"] is None
+    bench.cli_main(["--archs", "transformer", *TINY, "--peak-tflops", "0.5"])
+    out = capsys.readouterr().out
+    assert "MFU" in out and "/ 0.5 TFLOP/s, --peak-tflops" in out
+    row = next(line for line in out.splitlines() if line.startswith("transformer "))
+    assert re.search(r"\d+\.\d%", row), row
+
+
+def test_peak_table_of_known_cards():
+    from ctx_fairseq.flops import device_peak_tflops, matmul_precision
+
+    assert device_peak_tflops("NVIDIA H100 80GB HBM3", "fp16")[0] == 989.4
+    assert device_peak_tflops("NVIDIA H100 80GB HBM3", "fp32")[0] == 67.0
+    assert device_peak_tflops("NVIDIA H100 PCIe", "fp16")[0] == 756.5
+    assert device_peak_tflops("NVIDIA H100 NVL", "bf16")[0] == 835.5
+    assert device_peak_tflops("NVIDIA H200", "tf32")[0] == 494.7
+    assert device_peak_tflops("NVIDIA A100-SXM4-40GB", "bf16")[0] == 312.0
+    assert device_peak_tflops("NVIDIA A100 80GB PCIe", "fp32")[0] == 19.5
+    assert device_peak_tflops("NVIDIA A10", "fp16")[0] == 125.0
+    assert device_peak_tflops("NVIDIA L4", "fp16")[0] == 121.0
+    assert device_peak_tflops("NVIDIA L40S", "fp16")[0] == 362.0
+    assert device_peak_tflops("Tesla V100-SXM2-16GB", "fp16")[0] == 125.0
+    assert device_peak_tflops("Tesla T4", "fp16")[0] == 65.0
+    peak, pattern = device_peak_tflops("Tesla T4", "bf16")  # known card, no bf16
+    assert peak is None and pattern is not None
+    assert device_peak_tflops("NVIDIA L40", "fp16") == (None, None)  # not L4, not L40S
+    assert device_peak_tflops("Some Card", "fp16") == (None, None)
+    with pytest.raises(ValueError):
+        device_peak_tflops("NVIDIA H100", "int8")
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert matmul_precision(False) == "fp32" and matmul_precision(True) == "fp16"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert matmul_precision(False) == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_sweep_summary_finds_where_the_step_stops_being_host_bound():
+    def point(m, tok):
+        return {"max_tokens": m, "results": [{"arch": "a", "train_tokens_per_s": tok,
+                                              "train_tflops": tok / 1e3, "train_mfu": None}]}
+
+    # host-bound: tokens/s doubles with the batch up to 16k, then flat
+    s = bench.sweep_summary([point(4096, 20e3), point(16384, 70e3), point(32768, 74e3)])["a"]
+    assert s["saturates_at"] == 16384 and s["saturated"]
+    s = bench.sweep_summary([point(4096, 20e3), point(16384, 40e3), point(32768, 80e3)])["a"]
+    assert s["saturates_at"] == 32768 and not s["saturated"]
+    assert s["max_tokens"] == [4096, 16384, 32768]
+
+
+def test_sweep_mode_runs_each_batch(capsys, tmp_path):
+    argv = ["--archs", "transformer[--encoder-ffn-embed-dim 64]", *TINY, "--repeats", "1",
+            "--infer-sentences", "0", "--sweep-max-tokens", "40,20", "--peak-tflops", "1"]
+    report = run_json(capsys, argv)
+    assert [p["max_tokens"] for p in report["sweep"]] == [20, 40]
+    assert [p["shape"]["batch_size"] for p in report["sweep"]] == [4, 8]
+    assert report["shape"]["max_tokens"] == [20, 40]
+    assert set(report["summary"]) == {"transformer", "transformer[--encoder-ffn-embed-dim 64]"}
+    for arch, s in report["summary"].items():
+        assert s["max_tokens"] == [20, 40] and s["saturates_at"] in (20, 40)
+        assert all(u is not None and u > 0 for u in s["train_mfu"])
+    saved = tmp_path / "sweep.json"
+    saved.write_text(json.dumps(report))
+    bench.cli_main(["--from-json", str(saved)])
+    out = capsys.readouterr().out
+    assert "tok/s @20" in out and "MFU @40" in out and "saturates at" in out
+    bench.cli_main(["--from-json", str(saved), "--markdown"])
+    assert capsys.readouterr().out.startswith("| arch | tok/s @20 |")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--sweep-max-tokens", "40,x"], "expected integers"),
+    (["--sweep-max-tokens", "40,40"], "distinct values"),
+    (["--sweep-max-tokens", "3"], "at least --tgt-len"),
+    (["--sweep-max-tokens", "40", "--dry-run"], "exclude each other"),
+    (["--peak-tflops", "0"], "--peak-tflops must be a positive number"),
+])
+def test_bad_sweep_and_peak(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        bench.cli_main([*TINY, *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().splitlines()[-1].startswith("ctx-bench: error:")
+
+
+# ------------------------------------------------------------------ what fairseq-train runs
+
+
+def test_dry_run_takes_the_real_arguments_without_a_gpu(capsys):
+    """--dry-run: --device cuda and --fp16 accepted on a CPU-only machine; the
+    models and batches are built as measured, nothing runs."""
+    report = run_json(capsys, ["--dry-run", "--device", "cuda", "--fp16",
+                               "--archs", "transformer_concat", *TINY[:-10], "--doc-len", "4",
+                               "--max-tokens", "60"])
+    assert report["dry_run"] and report["precision"] == "fp16"
+    base, concat = report["results"]
+    assert base["batch_sentences"] == 12 and base["batch_target_tokens"] == 60
+    assert 0 < concat["batch_sentences"] and concat["batch_memory_sentences"] is None
+    bench.cli_main(["--dry-run", "--archs", "transformer_concat", *TINY[:-10], "--doc-len",
+                    "4", "--max-tokens", "60"])
+    out = capsys.readouterr().out
+    assert "batch sents" in out and "transformer_concat" in out
+
+
+def test_dry_run_catches_concatenation_without_whole_contexts(capsys):
+    """Issue 27, defect 1: the GPU run's ``--doc-len 2`` with concatenation at
+    the base shape has no sentence with its whole context in the batch: the
+    dry run at the same arguments says so on the CPU (in seconds)."""
+    with pytest.raises(SystemExit) as exc:
+        bench.cli_main(["--dry-run", "--device", "cuda", "--archs", "transformer_concat",
+                        "--doc-len", "2", "--layers", "1"])
+    assert exc.value.code == 2
+    assert "no sentence with its whole context" in capsys.readouterr().err
+    report = run_json(capsys, ["--dry-run", "--device", "cuda", "--archs", "transformer_concat",
+                               "--doc-len", "10", "--layers", "1"])
+    assert report["results"][1]["batch_sentences"] > 0
+
+
+def test_document_batch_is_one_the_task_forms():
+    """Issue 24, item 3: the measured batch of a whole-document model is one of
+    the batches ``task.get_batch_iterator`` forms with fairseq-train's
+    arguments (--max-tokens, --required-batch-size-multiple, the seed), the
+    task's context layout set by building the model through the task (a
+    frozen memory is encoded apart: ``separate``), and ``--doc-batch last``
+    holds the document's last sentence."""
+    import numpy as np
+    from fairseq import utils as fairseq_utils
+
+    args = ["--layers", "1", "--embed-dim", "16", "--heads", "2", "--ffn-dim", "32",
+            "--vocab", "64", "--src-len", "6", "--tgt-len", "5", "--doc-len", "8",
+            "--max-tokens", "60", "--threads", "1"]
+    seen = {}
+    for memory in ("frozen", "shared"):
+        b = bench.Bench(bench.get_parser().parse_args([*args, "--doc-batch", "last"]))
+        model, task, margs = b.build("transformer_selective_doc", ["--context-memory", memory])
+        assert task.context_layout["memory"] == ("separate" if memory == "frozen" else "shared")
+        sample = b.document_sample(task, 1, model, margs)
+        ids = sorted(sample["id"].tolist())
+        assert 7 in ids  # the first document's last sentence
+        # the batches of the task's own iterator over the same documents
+        ds = task.wrap(*_bench_documents(b, task), training=True)
+        itr = task.get_batch_iterator(
+            ds, max_tokens=60, max_positions=fairseq_utils.resolve_max_positions(
+                task.max_positions(), model.max_positions(), 60),
+            required_batch_size_multiple=margs.required_batch_size_multiple, seed=margs.seed,
+            epoch=1, disable_iterator_cache=True)
+        assert any(sorted(np.asarray(x).tolist()) == ids for x in itr.frozen_batches)
+        seen[memory] = (len(ids), bench.memory_sentences(sample))
+    # the frozen memory counts against --max-tokens apart from the queries: fewer queries
+    assert seen["frozen"][0] < seen["shared"][0], seen
+
+
+def _bench_documents(b, task):
+    """The synthetic documents of ``Bench.document_sample`` (same seed)."""
+    import math
+
+    import torch
+    from fairseq.data import LanguagePairDataset
+
+    a, d = b.args, task.target_dictionary
+    g = torch.Generator().manual_seed(1)
+    n = (1 + math.ceil(b.batch_size / a.doc_len)) * a.doc_len
+
+    def sents(length):
+        t = torch.randint(d.nspecial, len(d), (n, length), generator=g)
+        t[:, -1] = d.eos()
+        return list(t)
+
+    src, tgt = sents(a.src_len), sents(a.tgt_len)
+    base = LanguagePairDataset(src, torch.full((n,), a.src_len).numpy(), d, tgt,
+                               torch.full((n,), a.tgt_len).numpy(), d, shuffle=False)
+    return base, [f"d{i // a.doc_len}" for i in range(n)], "<bench documents>"
+
+
+def test_flops_are_counted_in_the_timed_precision(monkeypatch):
+    """The FLOPs of a step are counted under the timed step's autocast."""
+    import contextlib
+
+    args = bench.get_parser().parse_args(TINY)
+    b = bench.Bench(args)
+    model, task, margs = b.build("transformer", [])
+    from fairseq.criterions.label_smoothed_cross_entropy import (
+        LabelSmoothedCrossEntropyCriterion,
+    )
+
+    crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    entered = []
+
+    @contextlib.contextmanager
+    def autocast(self):
+        entered.append(1)
+        yield
+
+    monkeypatch.setattr(bench.Bench, "_autocast", autocast)
+    flops = b.count_flops({"model": model, "crit": crit, "sample": b.sample(model, task, margs, 1)})
+    assert flops > 0 and entered == [1]

@@ -32,6 +32,21 @@ runs first):
   as explicit matrix products; ``infer_flops_ratio_bound`` is the same for one
   beam search.
 
+* **absolute efficiency**: achieved TFLOP/s (the counted FLOPs of a step over
+  its median time; beam search likewise) and MFU, its fraction of the
+  device's dense peak for the run's precision (``fp16`` under ``--fp16``,
+  else ``fp32``, or ``tf32`` where torch lets float32 products use it): the
+  table of known cards ``ctx_fairseq.flops.PEAK_TFLOPS`` (vendors' datasheets)
+  or ``--peak-tflops``; none on the CPU unless given.
+
+``--sweep-max-tokens 4096,16384,32768`` runs the whole bench at each batch in
+turn and reports, per architecture, tokens/s, TFLOP/s and MFU at each and the
+smallest batch with 90% of its best tokens/s (below it, the step is
+host-bound). ``--dry-run`` checks every argument and builds every model and the
+batch it would be measured on (the task's batching, the concatenation and
+memory checks) on the CPU, whatever ``--device``/``--fp16`` say, and runs
+nothing: it takes a GPU run's exact arguments (``scripts/gpu_check.sh``).
+
 Each ratio is arch / baseline measured in the same run (median over repeats).
 Architectures are fairseq architecture names; ``ARCH[--opt value --flag]``
 passes extra architecture options, e.g. ``transformer_dc[--dc-decoder-layers all]``.
@@ -44,9 +59,15 @@ Whole-document models (a class attribute ``bench_task_args``, e.g.
 --document-memory``) run with the ``document_translation`` task, and their
 batch is made by the task's own dataset and batching (the one place context is
 built): synthetic documents of ``--doc-len`` sentences, batched within
-``--max-tokens`` with their document memory, and the batch measured is the largest
-batch of the first document (``--doc-batch largest``) or the one that holds
-its last sentence (``last``: the most memory). Such a
+``--max-tokens`` with their document memory by the task's own batch iterator
+(``task.get_batch_iterator`` with fairseq-train's arguments, the model built
+through ``task.build_model`` so that the context layout is the one training
+batches by: a frozen memory counts apart from the batch's sentences), and the
+batch measured is the largest batch of the first document (``--doc-batch
+largest``) or the one that holds its last sentence (``last``: the most
+memory). The row names the batch's sentences (``batch_sentences``), its
+memory sentences (``batch_memory_sentences``) and the peak memory. FLOPs are
+counted in the timed precision (under the same autocast). Such a
 batch can hold fewer sentences than the baseline's, so the report also gives
 sentences per second and peak memory per sentence of the batch;
 ``ARCH[--memory-precomputed]`` and other task options pass through like model
@@ -77,6 +98,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+
+from ctx_fairseq.flops import device_peak_tflops, matmul_precision, mfu
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,6 +141,13 @@ def _inside(event, names) -> bool:
         parent = parent.cpu_parent
     return False
 
+
+
+def memory_sentences(sample) -> Optional[int]:
+    """Sentences of a batch's document memory (``mem_src_tokens`` rows), None
+    for a model without one."""
+    mem = sample["net_input"].get("mem_src_tokens")
+    return int(mem.size(0)) if torch.is_tensor(mem) else None
 
 
 def _tokens(sample) -> int:
@@ -176,7 +206,8 @@ def step_peak_bytes(step, stats) -> int:
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.device = torch.device(args.device)
+        # --dry-run builds on the CPU whatever --device says (nothing runs)
+        self.device = torch.device("cpu" if getattr(args, "dry_run", False) else args.device)
         self.batch_size = max(1, args.max_tokens // args.tgt_len)
         self.memory_stats = CudaMemoryStats(self.device) if self.device.type == "cuda" else None
 
@@ -215,19 +246,27 @@ class Bench:
 
             task = DocumentTranslationTask(convert_namespace_to_omegaconf(margs).task,
                                            dictionary, dictionary)
+            # fairseq-train's path: the task builds the model, sets the context layout it
+            # batches by (``set_context_layout``: a frozen memory is encoded apart from the
+            # batch's sentences and counted so) and finishes the set-up (frozen copies);
+            # from_checkpoint: no stage-1 checkpoint (the frozen copies are of the initial
+            # weights) and nothing restored from a save directory
+            model = task.build_model(margs, from_checkpoint=True)
         else:
             task = TranslationTask(TranslationConfig(), dictionary, dictionary)
-        model = model_cls.build_model(margs, task)
-        if hasattr(model, "finish_setup"):
-            # what the task does after building (frozen memory copies, freezing); the
-            # bench has no stage-1 checkpoint: the copies are of the initial weights
-            model.finish_setup(None, new_run=False)
+            model = task.build_model(margs)
+            if hasattr(model, "finish_setup"):
+                model.finish_setup(None, new_run=False)
         model = model.to(self.device)
         return model, task, margs
 
-    def document_sample(self, task, seed: int) -> Dict:
+    def document_sample(self, task, seed: int, model=None, margs=None) -> Dict:
         """A batch of synthetic documents through the task's dataset and
-        batching (see the module docstring)."""
+        batching (see the module docstring): the batches are the task's own
+        (``task.get_batch_iterator`` with fairseq-train's arguments: ``--max-tokens``,
+        the model's and task's maximum positions, ``--required-batch-size-multiple``,
+        the seed, epoch 1), over the split as fairseq-train wraps its training
+        split."""
         from fairseq import utils as fairseq_utils
         from fairseq.data import LanguagePairDataset
 
@@ -246,8 +285,17 @@ class Bench:
         base = LanguagePairDataset(src, torch.full((n,), a.src_len).numpy(), d, tgt,
                                    torch.full((n,), a.tgt_len).numpy(), d, shuffle=False)
         doc_ids = [f"d{i // a.doc_len}" for i in range(n)]
-        ds = task.wrap(base, doc_ids, "<bench documents>")
-        batches = ds.batch_by_size(ds.ordered_indices(), max_tokens=a.max_tokens)
+        ds = task.wrap(base, doc_ids, "<bench documents>", training=True)
+        max_positions = None
+        if model is not None:
+            max_positions = fairseq_utils.resolve_max_positions(
+                task.max_positions(), model.max_positions(), a.max_tokens)
+        itr = task.get_batch_iterator(
+            ds, max_tokens=a.max_tokens, max_sentences=getattr(margs, "batch_size", None),
+            max_positions=max_positions, ignore_invalid_inputs=False,
+            required_batch_size_multiple=getattr(margs, "required_batch_size_multiple", 1),
+            seed=getattr(margs, "seed", seed), epoch=1, disable_iterator_cache=True)
+        batches = [np.asarray(b, dtype=np.int64) for b in itr.frozen_batches if len(b)]
         first_doc = [b for b in batches if (b < a.doc_len).any()]
         if a.doc_batch == "last":
             batch = next(b for b in first_doc if a.doc_len - 1 in b.tolist())
@@ -270,7 +318,7 @@ class Bench:
     def sample(self, model, task, margs, seed: int) -> Dict:
         a = self.args
         if getattr(type(model), "bench_task_args", None):
-            return self.document_sample(task, seed)
+            return self.document_sample(task, seed, model, margs)
         hook = getattr(type(model), "bench_sample", None)
         if hook is not None:
             return hook(task, margs, self.batch_size, a.src_len, a.tgt_len, a.doc_len, self.device)
@@ -319,8 +367,11 @@ class Bench:
 
         model, crit, sample = entry["model"], entry["crit"], entry["sample"]
         model.train()
+        # in the timed precision: under autocast the kernels (and a model's own choice
+        # of path by dtype) are those of the timed step
         with FlopCounter() as counter:
-            loss, _, _ = crit(model, sample)
+            with self._autocast():
+                loss, _, _ = crit(model, sample)
             loss.backward()
         model.zero_grad(set_to_none=True)
         entry.setdefault("uncounted_ops", set()).update(counter.uncounted)
@@ -451,6 +502,8 @@ class Bench:
         )
 
         a = self.args
+        if getattr(a, "dry_run", False):
+            return self.dry_run(specs, log)
         entries = []
         for label in specs:
             arch, extra = parse_spec(label)
@@ -499,10 +552,17 @@ class Bench:
         base = entries[0]
         base_train = statistics.median(base["train"])
         base_infer = statistics.median(base["infer"]) if base["infer"] else math.nan
+        peak, peak_source = self.peak_tflops()
         results = []
         for e in entries:
             train = statistics.median(e["train"])
             infer = statistics.median(e["infer"]) if e["infer"] else math.nan
+            tokens = _tokens(e["sample"])
+            # achieved TFLOP/s: the counted FLOPs of a step (forward + backward, in the
+            # timed precision) over the median step time
+            train_eff = mfu(e["flops"], tokens / train, peak)
+            infer_eff = (mfu(e["infer_flops"], 1.0 / infer, peak)
+                         if "infer_flops" in e and not math.isnan(infer) else None)
             results.append({
                 "arch": e["label"], "setting": e["setting"], "params": e["params"],
                 "train_tokens_per_s": train, "train_ratio": train / base_train,
@@ -515,7 +575,12 @@ class Bench:
                 "infer_flops_ratio_bound": (base["infer_flops"] / e["infer_flops"]
                                             if "infer_flops" in e else None),
                 "peak_mem_mb": e["peak_mem_mb"],
+                "train_tflops": train_eff["tflops"], "train_mfu": train_eff["mfu"],
+                "infer_tflops": infer_eff["tflops"] if infer_eff else None,
+                "infer_mfu": infer_eff["mfu"] if infer_eff else None,
                 "batch_sentences": int(e["sample"]["nsentences"]),
+                "batch_memory_sentences": memory_sentences(e["sample"]),
+                "batch_target_tokens": tokens,
                 "train_sentences_per_s": train / _tokens(e["sample"]) * e["sample"]["nsentences"],
                 "peak_mem_mb_per_sentence": e["peak_mem_mb"] / e["sample"]["nsentences"],
                 "train_flops": e["flops"],
@@ -526,7 +591,57 @@ class Bench:
                 "train_tokens_per_s_repeats": e["train"],
                 "infer_sentences_per_s_repeats": e["infer"],
             })
-        return {"device": self.device_name(), "shape": self.shape(), "results": results}
+        return {"device": self.device_name(), "shape": self.shape(), "precision": self.precision(),
+                "peak_tflops": peak, "peak_tflops_source": peak_source, "results": results}
+
+    def dry_run(self, specs: List[str], log=print) -> Dict:
+        """``--dry-run``: every argument checked and every model and measured
+        batch built as the real run builds them (the task's batching, the
+        concatenation and memory checks), at the given shapes, on the CPU;
+        nothing run or timed."""
+        rows = []
+        for label in specs:
+            arch, extra = parse_spec(label)
+            torch.manual_seed(self.args.seed)
+            model, task, margs = self.build(arch, extra)
+            sample = self.sample(model, task, margs, self.args.seed)
+            row = {"arch": label, "params": sum(p.numel() for p in model.parameters()),
+                   "batch_sentences": int(sample["nsentences"]),
+                   "batch_memory_sentences": memory_sentences(sample),
+                   "batch_target_tokens": _tokens(sample),
+                   "setting": model.bench_setting() if hasattr(model, "bench_setting") else None}
+            rows.append(row)
+            log(f"ctx-bench: dry run: {label}: {row['params'] / 1e6:.2f}M params, batch of "
+                f"{row['batch_sentences']} sentences ({row['batch_target_tokens']} target tokens"
+                + (f", {row['batch_memory_sentences']} memory sentences"
+                   if row["batch_memory_sentences"] is not None else "") + ")")
+            del model, task, sample
+        return {"device": f"dry run (built on the CPU for --device {self.args.device})",
+                "dry_run": True, "shape": self.shape(), "precision": self.precision(),
+                "results": rows}
+
+    def precision(self) -> str:
+        """The precision of the timed matrix products (``ctx_fairseq.flops.matmul_precision``)."""
+        if self.args.device != "cuda":
+            return "fp32"
+        return matmul_precision(self.args.fp16)
+
+    def peak_tflops(self):
+        """(the dense peak TFLOP/s that MFU is a fraction of, where it comes
+        from): ``--peak-tflops``, else the table of known cards for the run's
+        precision; (None, why) where neither applies."""
+        a = self.args
+        if getattr(a, "peak_tflops", None):
+            return a.peak_tflops, "--peak-tflops"
+        if self.device.type != "cuda":
+            return None, "no peak known for the CPU (give --peak-tflops)"
+        name = torch.cuda.get_device_name(self.device)
+        peak, pattern = device_peak_tflops(name, self.precision())
+        if peak is None:
+            why = (f"{name} has no dense {self.precision()} peak in the table" if pattern else
+                   f"{name} is not in ctx_fairseq.flops.PEAK_TFLOPS (give --peak-tflops)")
+            return None, why
+        return peak, f"{name}: dense {self.precision()} peak (datasheet; PEAK_TFLOPS {pattern!r})"
 
     def device_name(self) -> str:
         if self.device.type == "cuda":
@@ -545,10 +660,37 @@ class Bench:
         }
 
 
+def run_sweep(args, specs: List[str], sizes: List[int], log=print) -> Dict:
+    """The bench at each ``--max-tokens`` of ``sizes`` in turn (each point a
+    full run: its own batches, FLOPs and repeats; the models of one point are
+    freed before the next)."""
+    import copy
+    import gc
+
+    points = []
+    for m in sizes:
+        a = copy.copy(args)
+        a.max_tokens = m
+        log(f"ctx-bench: sweep: --max-tokens {m}")
+        report = Bench(a).run(specs, log=log)
+        points.append({"max_tokens": m, **report})
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    shape = dict(points[0]["shape"], max_tokens=sizes, batch_size=None)
+    return {"device": points[0]["device"], "shape": shape, "sweep": points,
+            "summary": sweep_summary(points)}
+
+
 def format_markdown(report: Dict) -> str:
     """The results as a Markdown table (for BENCHMARKS.md)."""
+    if report.get("sweep"):
+        return format_sweep(report, markdown=True)
+    if report.get("dry_run"):
+        return format_dry_run(report, markdown=True)
     head = ["arch", "params", "train tok/s", "train ratio", "FLOPs bound", "ratio / bound",
-            "infer sent/s", "infer ratio", "infer FLOPs bound", "peak MB"]
+            "train TFLOP/s", "train MFU", "infer sent/s", "infer ratio", "infer FLOPs bound",
+            "infer MFU", "batch sents", "mem sents", "peak MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in report["results"]:
         infer = r["infer_ratio"] is not None
@@ -556,12 +698,39 @@ def format_markdown(report: Dict) -> str:
             f"`{r['arch']}`", f"{r['params'] / 1e6:.2f}M", f"{r['train_tokens_per_s']:.1f}",
             f"{r['train_ratio']:.3f}", f"{r['flops_ratio_bound']:.3f}",
             f"{r['train_ratio'] / r['flops_ratio_bound']:.3f}",
+            _tf(r.get("train_tflops")), _pct(r.get("train_mfu")),
             f"{r['infer_sentences_per_s']:.3f}" if infer else "-",
             f"{r['infer_ratio']:.3f}" if infer else "-",
             f"{r['infer_flops_ratio_bound']:.3f}" if r.get("infer_flops_ratio_bound") else "-",
-            f"{r['peak_mem_mb']:.0f}",
+            _pct(r.get("infer_mfu")), _num(r.get("batch_sentences"), "d"),
+            _num(r.get("batch_memory_sentences"), "d"), f"{r['peak_mem_mb']:.0f}",
         ]) + " |")
-    return "\n".join(lines + _setting_notes(report))
+    return "\n".join(lines + _peak_note(report) + _setting_notes(report))
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _tf(v) -> str:
+    """TFLOP/s: two decimals, or two significant digits below 0.1."""
+    return "-" if v is None else (f"{v:.2f}" if v >= 0.1 else f"{v:.2g}")
+
+
+def _pct(v) -> str:
+    """MFU as a percentage of the peak ('-': no peak known)."""
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _peak_note(report: Dict) -> List[str]:
+    """What MFU is a fraction of (or why there is none)."""
+    if "peak_tflops_source" not in report:
+        return []
+    peak = report.get("peak_tflops")
+    text = (f"MFU: achieved TFLOP/s (counted FLOPs of forward + backward, or of the beam "
+            f"search, over the median time) / {peak:g} TFLOP/s, {report['peak_tflops_source']}"
+            if peak else f"MFU: -, {report['peak_tflops_source']}")
+    return ["", f"precision: {report.get('precision')}; {text}"]
 
 
 def _setting_notes(report: Dict) -> List[str]:
@@ -571,26 +740,103 @@ def _setting_notes(report: Dict) -> List[str]:
     return ["", *notes] if notes else []
 
 
+def _columns(head: List[str], rows: List[List[str]]) -> List[str]:
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    fmt = lambda c: "  ".join(x.rjust(w) if i else x.ljust(w)  # noqa: E731
+                              for i, (x, w) in enumerate(zip(c, widths)))
+    return [fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+
+
 def format_table(report: Dict) -> str:
+    if report.get("sweep"):
+        return format_sweep(report)
+    if report.get("dry_run"):
+        return format_dry_run(report)
     head = ["arch", "params", "train tok/s", "train ratio", "FLOPs bound", "ratio/bound",
-            "infer sent/s", "infer ratio", "infer bound", "peak MB"]
+            "TFLOP/s", "MFU", "infer sent/s", "infer ratio", "infer bound", "infer MFU",
+            "sents", "mem sents", "peak MB"]
     rows = []
     for r in report["results"]:
         rows.append([
             r["arch"], f"{r['params'] / 1e6:.2f}M", f"{r['train_tokens_per_s']:.0f}",
             f"{r['train_ratio']:.3f}", f"{r['flops_ratio_bound']:.3f}",
             f"{r['train_ratio'] / r['flops_ratio_bound']:.3f}",
+            _tf(r.get("train_tflops")), _pct(r.get("train_mfu")),
             "-" if r["infer_ratio"] is None else f"{r['infer_sentences_per_s']:.2f}",
             "-" if r["infer_ratio"] is None else f"{r['infer_ratio']:.3f}",
             f"{r['infer_flops_ratio_bound']:.3f}" if r.get("infer_flops_ratio_bound") else "-",
-            f"{r['peak_mem_mb']:.0f}",
+            _pct(r.get("infer_mfu")), _num(r.get("batch_sentences"), "d"),
+            _num(r.get("batch_memory_sentences"), "d"), f"{r['peak_mem_mb']:.0f}",
         ])
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
-    fmt = lambda c: "  ".join(x.rjust(w) if i else x.ljust(w)  # noqa: E731
-                              for i, (x, w) in enumerate(zip(c, widths)))
     lines = [f"device: {report['device']}", "shape: " + json.dumps(report["shape"]), "",
-             fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+             *_columns(head, rows)]
+    return "\n".join(lines + _peak_note(report) + _setting_notes(report))
+
+
+def format_dry_run(report: Dict, markdown: bool = False) -> str:
+    """``--dry-run``: what each row would measure (nothing is timed)."""
+    head = ["arch", "params", "batch sents", "target tokens", "mem sents"]
+    rows = [[r["arch"], f"{r['params'] / 1e6:.2f}M", str(r["batch_sentences"]),
+             str(r["batch_target_tokens"]), _num(r.get("batch_memory_sentences"), "d")]
+            for r in report["results"]]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        lines = [f"device: {report['device']}", "shape: " + json.dumps(report["shape"]), "",
+                 *_columns(head, rows)]
     return "\n".join(lines + _setting_notes(report))
+
+
+def sweep_summary(points: List[Dict]) -> Dict[str, Dict]:
+    """Per architecture across a ``--sweep-max-tokens`` sweep: its training
+    tokens/s, TFLOP/s and MFU at each ``--max-tokens``, and ``saturates_at``:
+    the smallest ``--max-tokens`` at which it trains at 90% or more of its best
+    tokens/s in the sweep. Below it the step time grows less than the batch:
+    the step is bound by what does not scale with the batch (the host's
+    launches, Python, synchronisations), not by the device's arithmetic; a
+    model whose best point is the largest batch may not have saturated yet
+    (``saturated`` False)."""
+    out: Dict[str, Dict] = {}
+    for point in points:
+        for r in point["results"]:
+            d = out.setdefault(r["arch"], {"max_tokens": [], "train_tokens_per_s": [],
+                                           "train_tflops": [], "train_mfu": []})
+            d["max_tokens"].append(point["max_tokens"])
+            for k in ("train_tokens_per_s", "train_tflops", "train_mfu"):
+                d[k].append(r.get(k))
+    for d in out.values():
+        best = max(d["train_tokens_per_s"])
+        i = next(i for i, v in enumerate(d["train_tokens_per_s"]) if v >= 0.9 * best)
+        d["saturates_at"] = d["max_tokens"][i]
+        d["saturated"] = i < len(d["max_tokens"]) - 1
+    return out
+
+
+def format_sweep(report: Dict, markdown: bool = False) -> str:
+    """A ``--sweep-max-tokens`` report: per architecture and batch, training
+    tokens/s, TFLOP/s and MFU; where each stops being host-bound."""
+    summary = report["summary"]
+    sizes = [p["max_tokens"] for p in report["sweep"]]
+    head = ["arch"] + [f"{k} @{m}" for m in sizes for k in ("tok/s", "TFLOP/s", "MFU")] \
+        + ["saturates at"]
+    rows = []
+    for arch, d in summary.items():
+        row = [f"`{arch}`" if markdown else arch]
+        for tok, tf, u in zip(d["train_tokens_per_s"], d["train_tflops"], d["train_mfu"]):
+            row += [f"{tok:.0f}", _tf(tf), _pct(u)]
+        row.append(f"{d['saturates_at']}" + ("" if d["saturated"] else " (not yet?)"))
+        rows.append(row)
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        lines = [f"device: {report['device']}", "shape: " + json.dumps(report["shape"]), "",
+                 *_columns(head, rows)]
+    note = ["", "saturates at: the smallest --max-tokens with >= 90% of the model's best "
+            "training tokens/s in the sweep (below it the step is host-bound); '(not yet?)': "
+            "the best is the largest batch measured"]
+    return "\n".join(lines + note + _peak_note(report["sweep"][0]))
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -627,6 +873,18 @@ def get_parser() -> argparse.ArgumentParser:
                    help="CPU threads for torch (default: torch's choice); 1 is the most "
                    "robust against other load on the machine")
     p.add_argument("--fp16", action="store_true", help="mixed precision (autocast fp16; CUDA only)")
+    p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
+                   help="the device's dense peak TFLOP/s for the run's precision, that MFU is a "
+                        "fraction of (default: ctx_fairseq.flops.PEAK_TFLOPS for a known CUDA "
+                        "card; none on the CPU)")
+    p.add_argument("--sweep-max-tokens", default=None, metavar="N,N,...",
+                   help="measure at each of these --max-tokens in turn and report, per "
+                        "architecture, training tokens/s, TFLOP/s and MFU at each, and the "
+                        "batch from which it stops being host-bound")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the arguments and build every model and the batch it would be "
+                        "measured on (on the CPU, whatever --device and --fp16 say); run "
+                        "nothing")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -654,10 +912,24 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
         if a.threads < 1:
             parser.error("--threads must be >= 1")
         torch.set_num_threads(a.threads)
-    if a.device == "cuda" and not torch.cuda.is_available():
+    if a.device == "cuda" and not torch.cuda.is_available() and not a.dry_run:
         parser.error("--device cuda: no CUDA device is available")
     if a.fp16 and a.device != "cuda":
         parser.error("--fp16 needs --device cuda")
+    if a.peak_tflops is not None and not (a.peak_tflops > 0 and math.isfinite(a.peak_tflops)):
+        parser.error("--peak-tflops must be a positive number")
+    sweep = None
+    if a.sweep_max_tokens is not None:
+        try:
+            sweep = [int(x) for x in a.sweep_max_tokens.split(",") if x.strip()]
+        except ValueError:
+            parser.error(f"--sweep-max-tokens {a.sweep_max_tokens!r}: expected integers "
+                         "separated by commas")
+        if not sweep or len(set(sweep)) != len(sweep) or min(sweep) < a.tgt_len:
+            parser.error("--sweep-max-tokens: distinct values, each at least --tgt-len")
+        if a.dry_run:
+            parser.error("--sweep-max-tokens and --dry-run exclude each other")
+        sweep = sorted(sweep)
     if a.from_json:
         try:
             with open(a.from_json, encoding="utf-8") as f:
@@ -682,7 +954,10 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
     specs = [a.baseline] + specs
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
-        report = Bench(a).run(specs, log=log)
+        if sweep:
+            report = run_sweep(a, specs, sweep, log)
+        else:
+            report = Bench(a).run(specs, log=log)
     except ValueError as err:
         parser.error(str(err))
     if a.json:
