@@ -189,9 +189,12 @@ MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "m
                "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
                "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask",
                "mem_doc_rows", "mem_doc_valid", "mem_state_index", "mem_extra_rows",
-               "mem_src_key", "mem_tgt_key")
+               "mem_src_key", "mem_tgt_key", "query_doc_groups")
 #: follow the beam (one row per query sentence); every other key is per document
 QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
+#: index the batch's rows: dropped when the rows are reordered (the beam), after which
+#: the word level runs per query sentence
+ROW_INDEX_KEYS = ("query_doc_groups",)
 #: frozen memory: padded tokens per no-grad forward of the frozen model
 MEMORY_CHUNK_TOKENS = 8192
 #: frozen memory: default number of cache entries (``--memory-cache-sentences``)
@@ -513,7 +516,8 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         r_tilde, info = self.context_layer(
             r, memory, doc["query_doc"], doc["query_pos"], self.online,
             query_padding_mask=pad_mask, need_weights=self.record_stats,
-            return_stats=self.record_stats or self.record_statistics)
+            return_stats=self.record_stats or self.record_statistics,
+            query_groups=doc.get("query_doc_groups"))
         out["encoder_out"] = [r_tilde]
         self.last_info = _detached(info)
         return out
@@ -523,7 +527,9 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         out = super().reorder_encoder_out(encoder_out, new_order)
         for key in MEMORY_KEYS:
             vals = encoder_out.get(key, [])
-            if vals:
+            if key in ROW_INDEX_KEYS:
+                out.pop(key, None)
+            elif vals:
                 # the queries follow the beam; the memory is per document and stays
                 out[key] = [vals[0].index_select(0, new_order)] if key in QUERY_KEYS else vals
         return out
@@ -769,7 +775,9 @@ class SelectiveDocDecoder(TransformerDecoderBase):
             x.transpose(0, 1), memory, encoder_out["query_doc"][0], encoder_out["query_pos"][0],
             self.online, query=query, query_padding_mask=pad_mask,
             need_weights=self.record_stats,
-            return_stats=self.record_stats or self.record_statistics)
+            return_stats=self.record_stats or self.record_statistics,
+            query_groups=(encoder_out.get("query_doc_groups", [None])[0]
+                          if incremental_state is None else None))
         self.last_info = _detached(info)
         return r_tilde.transpose(0, 1), extra
 
@@ -880,15 +888,14 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
                                  "position, clipped to [-N, N]), for recency; 0: off, the "
                                  "paper's model (default 0)")
         parser.add_argument("--doc-word-capacity", type=int, metavar="K",
-                            help="selective word level, beyond the paper: only the K sentences "
-                                 "of largest Eq. 3 weight per query token and head, an "
-                                 "approximation where the sparsemax support is larger (counted "
-                                 "in the context statistics' word_overflow); default "
-                                 f"{WORD_CAPACITY}: no capacity, every sentence of the support "
-                                 "(exact, the paper's model)")
+                            help="removed (0 is the only value): the word level is streamed, "
+                                 "exact and faster than the capacity was; a checkpoint or "
+                                 "command line with K > 0 runs the exact word level, with a "
+                                 "warning")
         parser.add_argument("--dense-doc-attention", action="store_true",
-                            help="word attention over every sentence (the reference path) "
-                                 "instead of the sentence-sparsemax support only")
+                            help="kept for old command lines: the streamed word level weights "
+                                 "every sentence by its Eq. 3 weight (0 outside the support), "
+                                 "so the selective and dense formulations are one computation")
         parser.add_argument("--freeze-sentence-level", action="store_true",
                             help="stage 2: train only the Document-level Context Layer")
         parser.add_argument("--init-from-sentence-checkpoint", type=str, metavar="PATH",
@@ -906,6 +913,12 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
             raise ValueError("transformer_selective_doc needs --task document_translation "
                              "--document-context online|offline --document-memory")
         args.document_context_mode = str(mode) if mode is not None else "online"
+        if int(getattr(args, "doc_word_capacity", 0) or 0) != 0:
+            logger.warning(
+                f"--doc-word-capacity {args.doc_word_capacity}: the word level's capacity was "
+                "removed; the streamed word level is exact and faster: running it (the model's "
+                "parameters are the same)")
+            args.doc_word_capacity = 0
         if tcfg is not None and bool(getattr(tcfg, "memory_precomputed", False)):
             if args.context_memory != "frozen":
                 raise ValueError(

@@ -569,10 +569,16 @@ class HierarchicalContextAttention(nn.Module):
             st = query.new_zeros(6, dtype=torch.float64) if return_stats else None
         else:
             rows, valid, vis = self.query_layout(memory, query_doc, query_pos, online)
+            doc_rows = memory.doc_rows
+            extra = -s_max % self.word_block
+            if extra:  # whole blocks: a sentence's result must not depend on the batch's S_max
+                rows, valid, vis, doc_rows = (nn.functional.pad(x, (0, extra))
+                                              for x in (rows, valid, vis, doc_rows))
+                s_max += extra
             has_context = vis.any(1)
             tok = real_tok & has_context.unsqueeze(1)  # B x T: tokens counted in stats
             bias = self._distance_bias(query_pos, memory, rows)  # B x H x 1 x S_max or None
-            lay = _Layout(T, B, rows, memory.doc_rows, query_groups)
+            lay = _Layout(T, B, rows, doc_rows, query_groups)
             vis_g = lay.group(vis[:, None, None, :].expand(B, 1, T, s_max), False)
             bias_g = lay.group(bias.expand(B, H, T, s_max), 0.0) if bias is not None else None
             q_s = q_w = None
@@ -662,7 +668,11 @@ class HierarchicalContextAttention(nn.Module):
         """Eq. 3 / Eq. 6 (flat-sentence) over each group's memory sentences
         (``G x H x M x S_max``), normalised and kept in float32 at least (Eq. 5
         and the support test read it)."""
-        scores = torch.einsum("ghmd,gjhd->ghmj", qs, memory.k_s[lay.index])
+        # matmul of contiguous operands, not einsum: einsum's backward rounds
+        # differently with the batch's shapes (a sentence's result must not
+        # depend on its batch)
+        keys = memory.k_s[lay.index].transpose(1, 2).contiguous()  # G x H x J x d
+        scores = torch.matmul(qs, keys.transpose(-1, -2))
         if bias_g is not None:
             scores = scores + bias_g
         return masked_normalize(scores, vis_g, kind,
@@ -729,8 +739,8 @@ class HierarchicalContextAttention(nn.Module):
     def _flat_sentence(self, qs: Tensor, memory: ProjectedMemory, lay: "_Layout",
                        vis_g: Tensor, bias_g: Optional[Tensor]):
         alpha = self._sentence_weights(qs, memory, lay, vis_g, bias_g, "softmax")  # Eq. 6
-        v_s = memory.v_s[lay.index]
-        out = torch.einsum("ghmj,gjhd->ghmd", self.dropout_module(alpha).to(v_s.dtype), v_s)
+        v_s = memory.v_s[lay.index].transpose(1, 2).contiguous()  # G x H x J x d
+        out = torch.matmul(self.dropout_module(alpha).to(v_s.dtype), v_s)
         return out, alpha, None
 
     def _flat_word(self, qw: Tensor, memory: ProjectedMemory, lay: "_Layout", vis_g: Tensor,
@@ -837,15 +847,15 @@ class DocumentContextLayer(nn.Module):
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
                  activation_fn: str = "relu", kdim: Optional[int] = None,
                  vdim: Optional[int] = None, export: bool = False,
-                 chunk_elems: int = 1 << 25, sentence_distance: int = 0,
-                 word_capacity: int = WORD_CAPACITY):
+                 sentence_distance: int = 0, word_capacity: int = WORD_CAPACITY,
+                 word_block: int = WORD_BLOCK, tile_elems: int = TILE_ELEMS):
         super().__init__()
         self.embed_dim = embed_dim
         self.context_attn = HierarchicalContextAttention(
             embed_dim, num_heads, attention=attention, sentence_attn=sentence_attn,
             word_attn=word_attn, selective=selective, attention_dropout=attention_dropout,
-            kdim=kdim, vdim=vdim, chunk_elems=chunk_elems, sentence_distance=sentence_distance,
-            word_capacity=word_capacity)
+            kdim=kdim, vdim=vdim, sentence_distance=sentence_distance,
+            word_capacity=word_capacity, word_block=word_block, tile_elems=tile_elems)
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.attn_layer_norm = LayerNorm(embed_dim, export=export)
         self.activation_fn = utils.get_activation_fn(activation_fn)
@@ -866,8 +876,8 @@ class DocumentContextLayer(nn.Module):
     def forward(self, r: Tensor, memory: ProjectedMemory, query_doc: Tensor,
                 query_pos: Tensor, online: bool, query: Optional[Tensor] = None,
                 query_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
-                need_word_weights: bool = False,
-                return_stats: bool = False) -> Tuple[Tensor, Dict[str, Tensor]]:
+                need_word_weights: bool = False, return_stats: bool = False,
+                query_groups: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Returns ``(r~, info)``: ``r~`` ``T x B x C``; ``info`` holds the
         attention's info plus ``d`` (context layer output) and ``gate``
         (``gamma``, 1 where bypassed). With ``return_stats`` also (float64)
@@ -878,7 +888,8 @@ class DocumentContextLayer(nn.Module):
         a, info = self.context_attn(
             r if query is None else query, memory, query_doc, query_pos, online,
             query_padding_mask=query_padding_mask, need_weights=need_weights,
-            need_word_weights=need_word_weights, return_stats=return_stats)
+            need_word_weights=need_word_weights, return_stats=return_stats,
+            query_groups=query_groups)
         x = self.attn_layer_norm(self.dropout_module(a))
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
         x = self.final_layer_norm(self.dropout_module(self.fc2(x)))
