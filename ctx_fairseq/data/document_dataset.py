@@ -355,7 +355,8 @@ class DocumentContextDataset(FairseqDataset):
                  max_tgt_context_tokens: Optional[int] = None, docids_path: str = "<docids>",
                  document_memory: bool = False, memory_precomputed: bool = False,
                  context_layout=None, context_dropout: float = 0.0,
-                 coword_dropout: float = 0.0):
+                 coword_dropout: float = 0.0, sample_context_size: int = 0,
+                 context_size: Optional[int] = None):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
@@ -399,6 +400,11 @@ class DocumentContextDataset(FairseqDataset):
                 raise ValueError(f"{name} must be a probability in [0, 1], got {v!r}")
         #: training only (the task gives them to the split fairseq-train trains on)
         self.context_dropout, self.coword_dropout = float(context_dropout), float(coword_dropout)
+        #: sampled context size K (training only) and a fixed context size N (scoring):
+        #: see :meth:`context_cap`
+        self.sample_context_size, self.context_size = self._check_sizes(
+            sample_context_size, context_size, src_context_size, tgt_context_size, direction,
+            document_context, document_memory)
         self.document_batching = bool(document_batching) or document_context != "none"
         self.eos = self.src_dict.eos()
         self.separator = self.eos if separator is None else int(separator)
@@ -443,6 +449,63 @@ class DocumentContextDataset(FairseqDataset):
         self.context_layout = normalise_context_layout(None)
         self.set_context_layout(context_layout)
         self.refresh_context_lengths()
+
+    @staticmethod
+    def _check_sizes(sample, fixed, src_k, tgt_k, direction, document_context, memory):
+        """``(K, N)`` checked: both need a bounded per-sentence context of
+        previous sentences (a document memory has none to cut)."""
+        largest = max(int(src_k), int(tgt_k))
+        for name, v in (("--sample-context-size", sample), ("--context-size", fixed)):
+            if v is None or (name == "--sample-context-size" and not v):
+                continue
+            if isinstance(v, bool) or int(v) != v or int(v) < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+            if memory or document_context != "none":
+                raise ValueError(
+                    f"{name} cuts a bounded context of previous sentences (--source-context-size"
+                    f" / --target-context-size); a whole-document context or document memory "
+                    f"(--document-context {document_context}) has no such size "
+                    "(docs/document_translation.md, 'Sampled context size')")
+            if largest == 0:
+                raise ValueError(f"{name} {v} on a sentence-level setting (--source-context-size"
+                                 " and --target-context-size 0): there is no context to size")
+            if direction != "prev":
+                raise ValueError(f"{name} counts previous sentences (--context-direction prev), "
+                                 f"got --context-direction {direction}")
+            if int(v) > largest:
+                raise ValueError(f"{name} {v} is larger than the context size "
+                                 f"({largest} previous sentences)")
+        return int(sample or 0), (None if fixed is None else int(fixed))
+
+    def context_cap(self, index: int) -> Optional[int]:
+        """How many previous context sentences sentence ``index`` keeps (the
+        nearest ones; None: all its window has). ``context_size`` N (scoring,
+        e.g. ``ctx-cxmi --context-size``): N for every sentence, 0 the empty
+        context. ``sample_context_size`` K (training split only; Fernandes et
+        al. 2021, contextual-mt's ``--sample-context-size``): a size drawn
+        uniformly from ``0..K`` per sentence and epoch, from a generator of its
+        own seeded like the dropouts (``numpy.random.default_rng([seed, epoch,
+        index, 161803])``: reproducible, independent of the batching), the
+        same size for the source and the target side (each side keeps at most
+        its own ``--*-context-size``)."""
+        if self.context_size is not None:
+            return self.context_size
+        if not self.sample_context_size:
+            return None
+        rng = np.random.default_rng([self.seed % (1 << 63), int(self.epoch), int(index), 161803])
+        return int(rng.integers(0, self.sample_context_size + 1))
+
+    def _keep_last(self, ctx: torch.Tensor, k: Optional[int]) -> torch.Tensor:
+        """The last ``k`` sentences of a context ``s_1 SEP ... s_n </s>``
+        (each ended by the separator, the last by ``</s>``), the form kept."""
+        if k is None:
+            return ctx
+        if k == 0:
+            return ctx[:0]
+        ends = torch.nonzero((ctx == self.separator) | (ctx == self.eos)).view(-1)
+        if ends.numel() <= k:
+            return ctx
+        return ctx[int(ends[-k - 1]) + 1:]
 
     def context_slots(self, side: str) -> int:
         """Context sentences a sentence can have on ``side`` (per direction
@@ -705,6 +768,8 @@ class DocumentContextDataset(FairseqDataset):
         its document; offline: a document of two or more sentences; under the
         shuffled ablation, of the donor)."""
         out = np.zeros(len(self), dtype=bool)
+        if self.context_size == 0:  # the empty context for every sentence
+            return out
         for length in self.context_length.values():
             out |= np.asarray(length) > 0
         if self.document_memory:
@@ -763,6 +828,9 @@ class DocumentContextDataset(FairseqDataset):
         elif part == PARTIAL_NEXT:  # the beginning of the next sentence
             ctx = torch.cat([ctx[:limit - 1], ctx.new_tensor([self.eos])])
         assert limit is None or ctx.numel() <= limit
+        # a sampled (training) or fixed (scoring) context size: the nearest sentences, cut
+        # before the random ablation (whose tokens could equal a break symbol)
+        ctx = self._keep_last(ctx, self.context_cap(index))
         if self.ablation == "random":
             d = self.src_dict if side == "src" else self.tgt_dict
             words = (ctx != self.separator) & (ctx != self.eos)

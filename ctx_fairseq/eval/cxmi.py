@@ -132,10 +132,29 @@ def _ablation(task, value: str):
         task.cfg.context_ablation = old
 
 
-def condition_dataset(task, split: str, condition: str):
+def _memory(task) -> bool:
+    return bool(getattr(task.cfg, "document_memory", False))
+
+
+def trained_context_size(task) -> Optional[int]:
+    """The largest context size the checkpoint was trained at: its
+    ``--sample-context-size`` K (every size 0..K seen in training), else its
+    largest ``--source/--target-context-size`` (that size only, and the empty
+    context of a document's first sentence); None for a document memory (no
+    bounded size)."""
+    if _memory(task) or getattr(task.cfg, "document_context", "none") != "none":
+        return None
+    k = int(getattr(task.cfg, "sample_context_size", 0) or 0)
+    return k or max(int(task.cfg.source_context_size), int(task.cfg.target_context_size))
+
+
+def condition_dataset(task, split: str, condition: str, context_size: Optional[int] = None):
     """The split's dataset as the task builds it, with the true context
-    (``true``), an ablation (``shuffled``, ``random``), or no context
-    (``none``: one document per sentence)."""
+    (``true``; with ``context_size`` N: each sentence's N nearest previous
+    context sentences), an ablation (``shuffled``, ``random``, cut to N
+    likewise), or the empty context (``none``: a bounded context cut to 0
+    sentences; a document memory: one document per sentence, so no memory
+    sentence is visible)."""
     if condition not in ("true",) + CONDITIONS:
         raise ValueError(f"unknown condition {condition!r}; expected one of {CONDITIONS}")
     from ctx_fairseq.data.document_dataset import DocumentIdError
@@ -149,11 +168,21 @@ def condition_dataset(task, split: str, condition: str):
         except FileNotFoundError as err:
             raise CXMIError(f"split {split!r}: {err}") from None
         ds = task.datasets[split]
-        if condition != "none":
+        ids = [str(x) for x in np.asarray(ds.doc_names)[ds.doc_index]]
+        if _memory(task) or getattr(task.cfg, "document_context", "none") != "none":
+            if context_size is not None:
+                raise CXMIError("--context-size: a document memory or whole-document context "
+                                "has no bounded context size to set (score it without "
+                                "--context-size: true against none)")
+            if condition != "none":
+                return ds
+            ids = [f"{d}#{i}" for i, d in enumerate(ids)]
+            return task.wrap(ds.base, ids, f"{ds.docids_path} (none: each sentence its own "
+                                           "document)")
+        size = 0 if condition == "none" else context_size
+        if size is None:
             return ds
-        ids = [f"{d}#{i}" for i, d in enumerate(np.asarray(ds.doc_names)[ds.doc_index])]
-        return task.wrap(ds.base, ids, f"{ds.docids_path} (none: each sentence its own "
-                                       "document)")
+        return task.wrap(ds.base, ids, ds.docids_path, context_size=size)
 
 
 def _has_context(ds) -> np.ndarray:
@@ -268,24 +297,124 @@ def _bpe_name(cfg) -> Optional[str]:
 
 
 # -------------------------------------------------------------------- compute
-def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = CONDITIONS,
+#: fewer documents than this: no document-bootstrap interval (a caveat instead)
+MIN_BOOTSTRAP_DOCS = 10
+BOOTSTRAP_RESAMPLES = 1000
+NORMALISATION = {
+    "cxmi": "mean over sentences of the per-sentence mean reference-token log-probability "
+            "difference (Fernandes et al. 2021; contextual-mt averages fairseq's "
+            "SequenceScorer score, the per-sentence mean, over sentences)",
+    "cxmi_per_token": "sum of the token log-probability differences / target tokens",
+    "cxmi_per_sentence_sum": "sum of the token log-probability differences / sentences (the "
+                             "per-sentence sum, averaged)",
+}
+
+
+def doc_bootstrap(num: np.ndarray, den: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
+                  seed: int = 0, minus: Optional[tuple] = None) -> Dict:
+    """A 95 % percentile interval of ``sum(num) / sum(den)`` by a document
+    block bootstrap: the documents (one entry of ``num``/``den`` each) drawn
+    with replacement ``resamples`` times (numpy's generator seeded with
+    ``seed``), every sentence of a drawn document with it, so that sentences
+    of one document, which are not independent, move together. ``minus``:
+    ``(num2, den2)`` whose ratio is subtracted on the same draws (a paired
+    difference). With fewer than ``MIN_BOOTSTRAP_DOCS`` documents no
+    interval is given (``low``/``high`` None and a ``note``): resampling two
+    documents says nothing about the spread."""
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    n = len(num)
+    out = collections.OrderedDict(method=f"document block bootstrap, percentile, {resamples} "
+                                         f"resamples of the {n} documents, seed {seed}",
+                                  documents=n)
+    if n < MIN_BOOTSTRAP_DOCS:
+        out["low"] = out["high"] = None
+        out["note"] = (f"{n} document(s): too few for a document bootstrap (at least "
+                       f"{MIN_BOOTSTRAP_DOCS}); no interval (the sentences of a document are "
+                       "not independent draws, so a sentence bootstrap would be too tight)")
+        return out
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boot = num[idx].sum(axis=1) / den[idx].sum(axis=1)
+        if minus is not None:
+            n2, d2 = (np.asarray(x, dtype=np.float64) for x in minus)
+            boot = boot - n2[idx].sum(axis=1) / d2[idx].sum(axis=1)
+    ok = np.isfinite(boot)
+    if ok.sum() < 0.9 * resamples:
+        out["low"] = out["high"] = None
+        out["note"] = f"only {int(ok.sum())} of {resamples} resamples had the words measured"
+        return out
+    low, high = np.percentile(boot[ok], [2.5, 97.5])
+    out["low"], out["high"] = float(low), float(high)
+    return out
+
+
+def _per_doc(values: np.ndarray, doc: np.ndarray, n_docs: int) -> np.ndarray:
+    return np.bincount(doc, weights=np.asarray(values, dtype=np.float64), minlength=n_docs)
+
+
+def _summary(lp_a: List[np.ndarray], lp_b: List[np.ndarray], doc: np.ndarray, n_docs: int,
+             seed: int) -> Dict:
+    """CXMI of ``a`` against ``b`` in the three normalisations, the paper's
+    first, with document-bootstrap intervals."""
+    counts = np.array([len(v) for v in lp_a], dtype=np.float64)
+    diff = np.array([a.sum() - b.sum() for a, b in zip(lp_a, lp_b)])
+    mean_diff = np.array([a.mean() - b.mean() for a, b in zip(lp_a, lp_b)])
+    ones = np.ones(len(diff))
+    e = collections.OrderedDict()
+    e["cxmi"] = float(mean_diff.mean())
+    e["cxmi_per_token"] = float(diff.sum() / counts.sum())
+    e["cxmi_per_sentence_sum"] = float(diff.mean())
+    e["interval"] = doc_bootstrap(_per_doc(mean_diff, doc, n_docs), _per_doc(ones, doc, n_docs),
+                                  seed=seed)
+    e["interval_per_token"] = doc_bootstrap(_per_doc(diff, doc, n_docs),
+                                            _per_doc(counts, doc, n_docs), seed=seed)
+    e["normalisation"] = NORMALISATION
+    return e, diff, mean_diff
+
+
+def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("none",),
                  max_tokens: Optional[int] = 4096, batch_size: Optional[int] = None,
                  lang: Optional[str] = None, word_classes: Optional[Dict[str, List[str]]] = None,
-                 top: int = 20, min_count: int = 3):
+                 top: int = 20, min_count: int = 3, context_size: Optional[int] = None,
+                 curve: bool = False, seed: int = 0):
     """``(result, words)``: the summary (``cxmi.json``) and one record per
-    reference word (``tokens.jsonl``)."""
+    reference word (``tokens.jsonl``). The headline ``cxmi`` is the true
+    context (``context_size`` N previous sentences; default: every sentence of
+    the context the checkpoint was trained with) against the empty context
+    (``none``), the paper's CXMI; ``shuffled`` and ``random`` are sensitivity
+    checks beside it. ``curve``: CXMI at every context size ``0..K`` (K the
+    checkpoint's trained size) against the empty context (``result["curve"]``)."""
     conditions = list(dict.fromkeys(conditions))
     for c in conditions:
         if c not in CONDITIONS:
             raise ValueError(f"--conditions: unknown condition {c!r}; expected some of "
                              f"{','.join(CONDITIONS)}")
-    if not conditions:
-        raise ValueError("--conditions: give at least one of " + ",".join(CONDITIONS))
     notes = []
-    if "none" in conditions and "shuffled" not in conditions:
-        conditions.append("shuffled")
-        notes.append("shuffled added beside none (see the note on none)")
-    true_ds = condition_dataset(task, split, "true")
+    if "none" not in conditions:  # the headline: true against the empty context
+        conditions.insert(0, "none")
+    else:
+        conditions.remove("none")
+        conditions.insert(0, "none")
+    trained_k = trained_context_size(task)
+    if context_size is not None:
+        if isinstance(context_size, bool) or int(context_size) != context_size or \
+                context_size < 0:
+            raise ValueError(f"--context-size must be an integer >= 0, got {context_size!r}")
+        if trained_k is None:
+            raise CXMIError("--context-size: this checkpoint reads a document memory or a "
+                            "whole-document context, which has no bounded context size")
+        if context_size > trained_k:
+            raise CXMIError(
+                f"--context-size {context_size} is larger than the checkpoint was trained with "
+                f"(K = {trained_k}: --sample-context-size "
+                f"{getattr(task.cfg, 'sample_context_size', 0)}, --source-context-size "
+                f"{task.cfg.source_context_size}, --target-context-size "
+                f"{task.cfg.target_context_size}); it never saw that many sentences")
+    if curve and trained_k is None:
+        raise CXMIError("--curve: this checkpoint reads a document memory or a whole-document "
+                        "context, which has no bounded context size to vary")
+    n_size = context_size if context_size is not None else trained_k
+    true_ds = condition_dataset(task, split, "true", n_size)
     if "shuffled" in conditions:
         # shuffled context is another document's: with fewer than two documents whose
         # sentences have context there is none to draw (the dataset would fall back to
@@ -297,11 +426,11 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = CONDI
                 f"split {split!r}: the shuffled condition takes each sentence's context from "
                 f"another document, but only {len(with_ctx)} document(s) of "
                 f"{len(inner.doc_start)} have sentences with context; measure on a split with "
-                "two or more documents, or use --conditions none/random")
+                "two or more documents, or leave shuffled out of --conditions")
     lp = {"true": token_logprobs(model, task, true_ds, max_tokens, batch_size)}
     for c in conditions:
-        lp[c] = token_logprobs(model, task, condition_dataset(task, split, c), max_tokens,
-                               batch_size)
+        lp[c] = token_logprobs(model, task, condition_dataset(task, split, c, n_size),
+                               max_tokens, batch_size)
     has_ctx = _has_context(true_ds)
     n = len(true_ds)
     counts = np.array([len(v) for v in lp["true"]], dtype=np.int64)
@@ -309,25 +438,32 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = CONDI
     if tokens == 0:
         raise CXMIError(f"split {split!r} has no target tokens")
     sums = {k: np.array([v.sum() for v in lp[k]]) for k in lp}
+    doc = np.asarray(true_ds.doc_index, dtype=np.int64)
+    n_docs = len(true_ds.doc_start)
 
     result = collections.OrderedDict()
     result["split"] = split
     result["sentences"] = n
-    result["documents"] = len(true_ds.doc_start)
+    result["documents"] = n_docs
     result["tokens"] = tokens
     result["sentences_with_context"] = int(has_ctx.sum())
+    result["context_size"] = n_size
+    result["trained_context_size"] = trained_k
+    result["sample_context_size"] = int(getattr(task.cfg, "sample_context_size", 0) or 0)
     result["logprob_true_per_token"] = float(sums["true"].sum() / tokens)
+    result["logprob_true_per_sentence_mean"] = float(np.mean([v.mean() for v in lp["true"]]))
     tgt_lang = getattr(task.cfg, "target_lang", None)
     trained_dropout = float(getattr(task.cfg, "context_dropout", 0.0) or 0.0)
     result["context_dropout"] = trained_dropout
     result["seed"] = int(task.cfg.seed)
+    result["headline"] = ("cxmi: the true context against the empty context (condition none), "
+                          "the paper's CXMI; shuffled and random are sensitivity checks")
+    diffs = {}
     for c in conditions:
-        diff = sums["true"] - sums[c]
-        entry = collections.OrderedDict()
-        entry["cxmi"] = float(diff.sum() / tokens)
+        entry, diff, _ = _summary(lp["true"], lp[c], doc, n_docs, seed)
+        diffs[c] = diff
         entry["tokens"] = tokens
         entry["sentences"] = n
-        entry["cxmi_sentence"] = float(diff.sum() / n)
         t_ctx = int(counts[has_ctx].sum())
         entry["cxmi_sentences_with_context"] = (float(diff[has_ctx].sum() / t_ctx) if t_ctx
                                                 else None)
@@ -335,17 +471,44 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = CONDI
         entry["logprob_per_token"] = float(sums[c].sum() / tokens)
         entry["sentences_better_with_context"] = int((diff > 0).sum())
         entry["sentences_worse_with_context"] = int((diff < 0).sum())
+        entry["role"] = ("headline (Fernandes et al. 2021)" if c == "none" else
+                         "sensitivity check (Voita et al. 2018; Kim et al. 2019): "
+                         + ("another document position's real context" if c == "shuffled"
+                            else "random tokens in place of the context words"))
         result[c] = entry
-    if "none" in conditions and trained_dropout <= 0:
-        sh = result["shuffled"]["cxmi"]
+    result["cxmi"] = result["none"]["cxmi"]
+    result["cxmi_interval"] = result["none"]["interval"]
+    if trained_dropout <= 0 and not result["sample_context_size"]:
         notes.append(
-            "none: the model was trained without context dropout, so 'no context' (empty "
-            "context, as a document's first sentence has) is out of distribution for the other "
-            f"sentences; CXMI against none {result['none']['cxmi']:.4f} mixes context use with "
-            f"that shift; against shuffled (real, wrong context) {sh:.4f} nats/token")
+            "none: the model was trained without a sampled context size or context dropout, so "
+            "the empty context (as a document's first sentence has) is out of distribution for "
+            f"the other sentences; CXMI against none {result['none']['cxmi']:.4f} mixes context "
+            "use with that shift (train with --sample-context-size for the paper's setting)")
+    elif n_size is not None and result["sample_context_size"] == 0 and \
+            0 < n_size < (trained_k or 0):
+        notes.append(f"context size {n_size}: trained at {trained_k} only (no "
+                     "--sample-context-size), so this size is out of distribution")
     result["conditions"] = conditions
     result["target"] = "reference tokens including </s> (teacher forcing); target context " \
                        "from the references"
+
+    # the curve: CXMI at each context size 0..K against the empty context
+    if curve:
+        points = []
+        for k in range(trained_k + 1):
+            if k == 0:
+                lp_k = lp["none"]
+            elif k == n_size:
+                lp_k = lp["true"]
+            else:
+                lp_k = token_logprobs(model, task, condition_dataset(task, split, "true", k),
+                                      max_tokens, batch_size)
+            e, _, _ = _summary(lp_k, lp["none"], doc, n_docs, seed)
+            points.append(collections.OrderedDict(
+                context_size=k, cxmi=e["cxmi"], interval=e["interval"],
+                cxmi_per_token=e["cxmi_per_token"], logprob_per_sentence_mean=float(
+                    np.mean([v.mean() for v in lp_k]))))
+        result["curve"] = points
 
     # words
     d = task.target_dictionary
@@ -382,32 +545,49 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = CONDI
                                   for w, k, m in stats[:top]]
     result["top_words_min_count"] = min_count
 
-    # word classes
+    # word classes: mean P-CXMI per word, with document-bootstrap intervals, beside the mean
+    # over all words (and the difference class - all words, on the same draws)
     lang = lang or tgt_lang
     table = classes_for(lang, word_classes)
     result["word_class_lang"] = "--word-classes file" if word_classes else lang
+    word_doc = np.array([ds.doc_index[r["sentence"]] for r in words], dtype=np.int64)
     if table is None:
         result["word_classes"] = None
         notes.append(f"no word list for target language {lang!r} (built in: "
                      f"{', '.join(LANGUAGES)}; --lang or --word-classes FILE)")
     else:
-        cls_of = [table.get(normalise(r["word"]), "other") for r in words]
+        cls_of = np.array([table.get(normalise(r["word"]), "other") for r in words],
+                          dtype=object)
         result["word_classes"] = {}
         for c in conditions:
+            pc = np.array([r["p_cxmi"][c] for r in words])
+            all_num, all_den = _per_doc(pc, word_doc, n_docs), \
+                _per_doc(np.ones(len(pc)), word_doc, n_docs)
             groups = collections.OrderedDict()
+            groups["all words"] = {"count": len(words), "mean_p_cxmi": float(pc.mean()),
+                                   "interval": doc_bootstrap(all_num, all_den, seed=seed),
+                                   "words": None}
             for name in list(dict.fromkeys(table.values())) + ["other"]:
-                sel = [r for r, k in zip(words, cls_of) if k == name]
-                groups[name] = {
-                    "count": len(sel),
-                    "mean_p_cxmi": float(np.mean([r["p_cxmi"][c] for r in sel])) if sel else None,
-                    "words": sorted({r["word"] for r in sel}) if name != "other" else None}
+                m = cls_of == name
+                num, den = _per_doc(np.where(m, pc, 0.0), word_doc, n_docs), \
+                    _per_doc(m.astype(np.float64), word_doc, n_docs)
+                g = {"count": int(m.sum()),
+                     "mean_p_cxmi": float(pc[m].mean()) if m.any() else None,
+                     "interval": doc_bootstrap(num, den, seed=seed) if m.any() else None,
+                     "minus_all_words": (float(pc[m].mean() - pc.mean()) if m.any() else None),
+                     "minus_all_words_interval": (doc_bootstrap(num, den, seed=seed,
+                                                                minus=(all_num, all_den))
+                                                  if m.any() else None),
+                     "words": sorted({r["word"] for r, k in zip(words, m) if k})
+                     if name != "other" else None}
+                groups[name] = g
             result["word_classes"][c] = groups
 
     # by sentence position in the document (P-CXMI per token)
     pos = np.asarray(ds.sent_pos)
     result["by_position"] = {}
     for c in conditions:
-        diff = sums["true"] - sums[c]
+        diff = diffs[c]
         rows = collections.OrderedDict()
         for p in np.unique(pos).tolist():
             m = pos == p
@@ -419,35 +599,66 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = CONDI
 
 
 # -------------------------------------------------------------------- outputs
+def _interval_text(iv: Optional[Dict]) -> str:
+    if not iv:
+        return "-"
+    if iv.get("low") is None:
+        return "no interval (" + iv.get("note", "") .split(":")[0] + ")"
+    return f"[{iv['low']:.4f}, {iv['high']:.4f}]"
+
+
 def format_result(result: Dict) -> str:
     conds = result["conditions"]
+    size = result.get("context_size")
     lines = [f"split {result['split']}: {result['sentences']} sentences in "
              f"{result['documents']} documents, {result['tokens']} target tokens, "
-             f"{result['sentences_with_context']} sentences with context",
-             "", "| condition | CXMI (nats/token) | CXMI (nats/sentence) | "
-                 "CXMI, sentences with context | log p / token | sentences better / worse |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"{result['sentences_with_context']} sentences with context; context size "
+             f"{'all' if size is None else size} (trained: "
+             f"{result.get('trained_context_size')}, sampled 0..{result.get('sample_context_size')})",
+             "", "CXMI = mean over sentences of the per-sentence mean token log-probability "
+                 "difference (Fernandes et al. 2021), 95 % document block bootstrap interval; "
+                 "per token and per sentence (sum) beside it. The headline is none (true "
+                 "against empty context); shuffled and random are sensitivity checks.",
+             "", "| condition | CXMI (nats) | 95 % interval (documents) | per token | "
+                 "per sentence (sum) | per token, sentences with context | log p / token | "
+                 "sentences better / worse |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
     for c in conds:
         e = result[c]
         wc = "-" if e["cxmi_sentences_with_context"] is None \
             else f"{e['cxmi_sentences_with_context']:.4f}"
-        lines.append(f"| {c} | {e['cxmi']:.4f} | {e['cxmi_sentence']:.4f} | {wc} | "
+        lines.append(f"| {c} | {e['cxmi']:.4f} | {_interval_text(e['interval'])} | "
+                     f"{e['cxmi_per_token']:.4f} | {e['cxmi_per_sentence_sum']:.4f} | {wc} | "
                      f"{e['logprob_per_token']:.4f} | {e['sentences_better_with_context']} / "
                      f"{e['sentences_worse_with_context']} |")
-    lines.append(f"| (true context) | | | | {result['logprob_true_per_token']:.4f} | |")
+    lines.append(f"| (true context) | | | | | | {result['logprob_true_per_token']:.4f} | |")
+    if result.get("none", {}).get("interval", {}).get("note"):
+        lines.append(f"\nnote: {result['none']['interval']['note']}")
+    if result.get("curve"):
+        lines += ["", "CXMI by context size (against the empty context):", "",
+                  "| context size | CXMI | 95 % interval |", "|---:|---:|---|"]
+        lines += [f"| {p['context_size']} | {p['cxmi']:.4f} | {_interval_text(p['interval'])} |"
+                  for p in result["curve"]]
     for note in result["notes"]:
         lines.append(f"\nnote: {note}")
     if result.get("word_classes"):
-        lines += ["", f"P-CXMI per word by class ({result['word_class_lang']}):", "",
-                  "| class | count | " + " | ".join(conds) + " |",
-                  "|---|---:|" + "---:|" * len(conds)]
+        lines += ["", f"P-CXMI per word by class ({result['word_class_lang']}), against none "
+                      "(95 % document intervals), and per condition:", "",
+                  "| class | count | none [interval] | minus all words [interval] | "
+                  + " | ".join(conds) + " |",
+                  "|---|---:|---|---|" + "---:|" * len(conds)]
         first = result["word_classes"][conds[0]]
         for name, g in first.items():
             vals = []
             for c in conds:
                 m = result["word_classes"][c][name]["mean_p_cxmi"]
                 vals.append("-" if m is None else f"{m:.4f}")
-            lines.append(f"| {name} | {g['count']} | " + " | ".join(vals) + " |")
+            head = "-" if g["mean_p_cxmi"] is None else \
+                f"{g['mean_p_cxmi']:.4f} {_interval_text(g['interval'])}"
+            diff = "-" if g.get("minus_all_words") is None else \
+                f"{g['minus_all_words']:.4f} {_interval_text(g['minus_all_words_interval'])}"
+            lines.append(f"| {name} | {g['count']} | {head} | {diff} | " + " | ".join(vals)
+                         + " |")
     for c in conds:
         tw = result["top_words"][c]
         if not tw:
@@ -496,7 +707,35 @@ def _plots(result: Dict, words: List[Dict], hist_png: str, pos_png: str) -> None
     plt.close(fig)
 
 
+def _curve_plot(result: Dict, png: str) -> None:
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = result["curve"]
+    xs = [p["context_size"] for p in pts]
+    ys = [p["cxmi"] for p in pts]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(xs, ys, marker="o")
+    lo = [p["interval"]["low"] for p in pts]
+    if all(v is not None for v in lo):
+        hi = [p["interval"]["high"] for p in pts]
+        ax.fill_between(xs, lo, hi, alpha=0.25, label="95 % document bootstrap")
+        ax.legend(fontsize=8)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xticks(xs)
+    ax.set_xlabel("context size (previous sentences)")
+    ax.set_ylabel("CXMI against empty context (nats)")
+    ax.set_title(f"CXMI by context size, split {result['split']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
 OUTPUT_FILES = ("cxmi.json", "cxmi.md", "tokens.jsonl", "cxmi_hist.png", "cxmi_by_position.png")
+CURVE_FILES = ("curve.json", "curve.png")
 
 
 def write_outputs(result: Dict, words: List[Dict], out_dir: str) -> Dict[str, str]:
@@ -514,8 +753,15 @@ def write_outputs(result: Dict, words: List[Dict], out_dir: str) -> Dict[str, st
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         _plots(result, words, os.path.join(tmp, "cxmi_hist.png"),
                os.path.join(tmp, "cxmi_by_position.png"))
+        names = list(OUTPUT_FILES)
+        if result.get("curve"):
+            with open(os.path.join(tmp, "curve.json"), "w", encoding="utf-8") as f:
+                json.dump({k: result[k] for k in ("split", "sentences", "documents",
+                                                  "trained_context_size", "curve")}, f, indent=2)
+            _curve_plot(result, os.path.join(tmp, "curve.png"))
+            names += list(CURVE_FILES)
         paths = {}
-        for name in OUTPUT_FILES:
+        for name in names:
             paths[name] = os.path.join(out_dir, name)
             os.replace(os.path.join(tmp, name), paths[name])
         return paths
@@ -531,9 +777,18 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="binarized data directory with {split}.docids")
     p.add_argument("--split", default="test", help="split to measure (default: test)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--conditions", default="none,shuffled,random",
+    p.add_argument("--conditions", default="none",
                    help="comparison conditions, comma-separated, of " + ",".join(CONDITIONS)
-                        + " (default: all; none brings shuffled along)")
+                        + " (default: none, the empty context, the paper's CXMI; always "
+                          "measured; shuffled and random: sensitivity checks)")
+    p.add_argument("--context-size", type=int, default=None,
+                   help="score the true context with the N nearest previous sentences (0: "
+                        "empty); at most the K the checkpoint was trained with (default: K)")
+    p.add_argument("--curve", action="store_true",
+                   help="also CXMI at every context size 0..K against the empty context "
+                        "(curve.json, curve.png)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the document bootstrap (default: 0)")
     p.add_argument("--max-tokens", type=int, default=4096,
                    help="padded tokens per batch, context included (default: 4096)")
     p.add_argument("--batch-size", type=int, default=None, help="sentences per batch")
@@ -554,6 +809,8 @@ def run(args) -> Dict:
         raise ValueError("--max-tokens must be >= 1")
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError("--batch-size must be >= 1")
+    if args.context_size is not None and args.context_size < 0:
+        raise ValueError(f"--context-size must be an integer >= 0, got {args.context_size}")
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
     table = load_word_classes(args.word_classes) if args.word_classes else None
     cuda = not args.cpu and torch.cuda.is_available()
@@ -561,7 +818,8 @@ def run(args) -> Dict:
     result, words = compute_cxmi(model, task, cfg, args.split, conditions,
                                  max_tokens=args.max_tokens, batch_size=args.batch_size,
                                  lang=args.lang, word_classes=table, top=args.top,
-                                 min_count=args.min_count)
+                                 min_count=args.min_count, context_size=args.context_size,
+                                 curve=args.curve, seed=args.seed)
     result["checkpoint"] = args.path
     result["device"] = "cuda" if cuda else "cpu"
     result["paths"] = write_outputs(result, words, args.out)

@@ -154,6 +154,13 @@ class DocumentTranslationConfig(TranslationConfig):
                                        "source sentence by <unk> with this probability (CoWord "
                                        "dropout; "
                                        "never </s>)"})
+    sample_context_size: int = field(
+        default=0, metadata={"help": "training: per sentence and epoch, keep only the k nearest "
+                                     "previous context sentences, k drawn uniformly from 0..K "
+                                     "(K this value, at most the context size; 0: off), so "
+                                     "that one model is in distribution at every context size "
+                                     "from none to K (Fernandes et al. 2021, contextual-mt's "
+                                     "--sample-context-size)"})
     document_context: ChoiceEnum(list(DOCUMENT_CONTEXTS)) = field(
         default="none", metadata={"help": "whole-document context: online (all previous "
                                           "sentences) or offline (all other sentences); implies "
@@ -584,6 +591,10 @@ class DocumentTranslationTask(TranslationTask):
                                             cfg.target_context_size > 0 or cfg.document_memory):
             raise ValueError("--context-dropout without context (--source-context-size / "
                              "--target-context-size 0, no --document-memory): nothing to drop")
+        if cfg.sample_context_size:  # checked here, before any data is read
+            DocumentContextDataset._check_sizes(
+                cfg.sample_context_size, None, cfg.source_context_size, cfg.target_context_size,
+                cfg.context_direction, cfg.document_context, cfg.document_memory)
 
     def _check_concat(self) -> None:
         c = self.cfg
@@ -641,12 +652,14 @@ class DocumentTranslationTask(TranslationTask):
 
     def wrap(self, base, doc_ids: Sequence[str], docids_path: str,
              tgt_context: Optional[Sequence] = None, generation: bool = False,
-             training: bool = False):
+             training: bool = False, context_size: Optional[int] = None):
         """The split's dataset with context: a ``DocumentContextDataset``, or
         with ``--concat-context`` a ``ConcatContextDataset`` over one
         (``generation``: targets without their context, which becomes the
         decoder's prefix; ``training``: the split fairseq-train trains on,
-        the only one with ``--context-dropout`` / ``--coword-dropout``)."""
+        the only one with ``--context-dropout`` / ``--coword-dropout`` /
+        ``--sample-context-size``; ``context_size``: every sentence keeps its
+        ``context_size`` nearest previous context sentences, 0 none)."""
         c = self.cfg
         limits = {"src": c.max_source_positions, "tgt": c.max_target_positions}
         if c.concat_context:
@@ -663,7 +676,9 @@ class DocumentTranslationTask(TranslationTask):
             memory_precomputed=c.memory_precomputed,
             context_layout=None if c.concat_context else self.context_layout,
             context_dropout=c.context_dropout if training else 0.0,
-            coword_dropout=c.coword_dropout if training else 0.0)
+            coword_dropout=c.coword_dropout if training else 0.0,
+            sample_context_size=c.sample_context_size if training else 0,
+            context_size=context_size)
         if c.concat_context:
             return ConcatContextDataset(inner, self._separator(), generation=generation)
         return inner
@@ -727,9 +742,11 @@ class DocumentTranslationTask(TranslationTask):
                     f"{self.cfg.target_context_size}, direction {self.cfg.context_direction}, "
                     f"document context {self.cfg.document_context}, ablation "
                     f"{self.cfg.context_ablation}")
-        if training and (self.cfg.context_dropout or self.cfg.coword_dropout):
+        if training and (self.cfg.context_dropout or self.cfg.coword_dropout
+                         or self.cfg.sample_context_size):
             logger.info(f"{split}: context dropout {self.cfg.context_dropout}, CoWord dropout "
-                        f"{self.cfg.coword_dropout} (drawn per sentence and epoch from --seed "
+                        f"{self.cfg.coword_dropout}, sampled context size 0.."
+                        f"{self.cfg.sample_context_size} (drawn per sentence and epoch from --seed "
                         f"{self.cfg.seed}; this split only)")
         self._log_truncation(split, ds)
 

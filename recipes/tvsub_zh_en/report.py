@@ -34,7 +34,8 @@ ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (contin
         "selective": "transformer_selective_doc (encoder, online, H-attention)",
         "dc": "transformer_dc (sentence-level)", "hybrid": "transformer_hybrid (sentence-level)"}
 #: the tools whose exact command lines run.sh records (WORK/commands/NAME.TOOL.sh)
-TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode", "ctx-cxmi")
+TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode", "ctx-cxmi",
+         "fairseq-validate")
 SENTENCE_LEVEL = {"sentence", "transformer", "dc", "hybrid"}
 
 
@@ -140,25 +141,93 @@ def collect(work, mode, models):
         if doc:
             row["d_bleu_first_ref"] = doc["document_level"]["bleu"]
             row["d_bleu_signature"] = doc["document_level"]["signature"]
+        heldout_n = _lines(os.path.join(work, "docs", "heldout.docids"))
         if m in SENTENCE_LEVEL:
-            row["cxmi_shuffled"] = "no context"
-        elif cx and cx["documents"] < 2:
-            # no other document to take context from (a document memory would
-            # keep its own: exactly 0), so no number
-            row["cxmi_shuffled"] = "n/a (1 test document)"
+            row["cxmi"] = "no context"
+        elif cx and "none" not in cx:
+            row["cxmi"] = None  # an earlier version's cxmi.json
         elif cx:
-            row["cxmi_shuffled"] = round(cx["shuffled"]["cxmi"], 5)
-            toks = os.path.join(d, "cxmi", "tokens.jsonl")
-            if os.path.exists(toks):
-                low, high, _ = cxmi_interval(toks)
-                row["cxmi_shuffled_ci95"] = [round(low, 5), round(high, 5)]
-            row["logprob_true_per_token"] = round(cx["logprob_true_per_token"], 5)
-            row["logprob_shuffled_per_token"] = round(cx["shuffled"]["logprob_per_token"], 5)
+            row.update(_cxmi_fields(cx, heldout_n))
         else:
-            row["cxmi_shuffled"] = None
+            row["cxmi"] = None
+        hb = _load(os.path.join(d, "heldout", "bleu.json"))
+        if hb:
+            row["heldout_bleu"] = hb["sentence_level"]["bleu"]
+            row["heldout_d_bleu"] = hb["document_level"]["bleu"]
+        for split in ("test", "heldout"):
+            pj = _load(os.path.join(d, f"paired_{split}.json"))
+            if pj:
+                row[f"paired_{split}"] = {
+                    "p_sentences": pj["sentences"]["p_value"],
+                    "delta_bleu": pj["sentences"]["delta"],
+                    "p_documents": (pj["documents"] or {}).get("p_value"),
+                    "delta_d_bleu": (pj["documents"] or {}).get("delta"),
+                    "documents": (pj["documents"] or {}).get("segments"),
+                    "note": (pj["documents"] or {}).get("note"),
+                    "signature": pj["sentences"]["signature"]}
+        row["gate_dev"] = _gate(os.path.join(d, "gate.log"))
+        row["budget"] = _load(os.path.join(d, "budget.json"))
         row.update(_train_stats(work, m))
         out["models"][m] = row
     return out
+
+
+def _lines(path):
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+def _cxmi_fields(cx, heldout_n):
+    """The headline (true against empty context, the paper's normalisation,
+    document-bootstrap interval), shuffled beside it, the curve and the
+    pronoun class's P-CXMI from ctx-cxmi's cxmi.json."""
+    row = {"cxmi_split": "heldout" if heldout_n == cx["sentences"] else cx["split"],
+           "cxmi_documents": cx["documents"], "cxmi_sentences": cx["sentences"],
+           "cxmi": round(cx["none"]["cxmi"], 5),
+           "cxmi_interval": cx["none"]["interval"],
+           "cxmi_per_token": round(cx["none"]["cxmi_per_token"], 5),
+           "logprob_true_per_token": round(cx["logprob_true_per_token"], 5),
+           "context_size": cx.get("context_size"),
+           "sample_context_size": cx.get("sample_context_size")}
+    if "shuffled" in cx:
+        row["cxmi_shuffled"] = round(cx["shuffled"]["cxmi"], 5)
+        row["cxmi_shuffled_interval"] = cx["shuffled"]["interval"]
+    if cx.get("curve"):
+        row["curve"] = [{"context_size": p["context_size"], "cxmi": round(p["cxmi"], 5),
+                         "interval": p["interval"]} for p in cx["curve"]]
+    wc = (cx.get("word_classes") or {}).get("none")
+    if wc:
+        row["p_cxmi_all_words"] = wc["all words"]
+        row["p_cxmi_pronouns"] = wc.get("pronouns")
+    return row
+
+
+#: a number as fairseq prints it in its validation line
+def _gate(path):
+    """The gate statistics of fairseq-validate's line (ctx_mass*: the share
+    of the context; gate*) or None (no log, or a model without a gate)."""
+    if not os.path.exists(path):
+        return None
+    out = {}
+    for line in open(path, encoding="utf-8", errors="replace"):
+        if "valid on" in line and "subset" in line:
+            for k, v in re.findall(r"\b((?:ctx_mass|gate|ctx_frac)[A-Za-z_]*)[= ]" + NUM, line):
+                out[k] = float(v)
+    return out or None
+
+
+def _iv(iv):
+    if not iv:
+        return ""
+    if iv.get("low") is None:
+        return " (no interval: " + iv.get("note", "").split(":")[0] + ")"
+    return f" [{iv['low']:.4f}, {iv['high']:.4f}]"
+
+
+def _p(v):
+    return "n/a" if v is None else (f"{v:.3f}" if v >= 0.001 else "<0.001")
 
 
 def _fmt(v, nd=2):
@@ -176,41 +245,68 @@ def markdown(res):
              f"Evaluated on the **{res['eval_split']}** set: {t['sentences']} sentences, "
              f"{t['references']} reference(s) ({', '.join(t['sysids'] or [])}), documents "
              f"{', '.join(t['documents'] or [])}.", "",
-             "| model | architecture | BLEU (all refs) | BLEU (first ref) | d-BLEU (all refs) "
-             "| d-BLEU (first ref, ctx-doc-bleu) | CXMI vs shuffled (nats/token) [95% interval] "
-             "| train tokens/s | target tokens/update | peak RSS (MB) | updates |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| model | architecture | BLEU (all refs) [p] | BLEU (first ref) | d-BLEU (all refs) "
+             "| d-BLEU (first ref, ctx-doc-bleu) | held-out BLEU [p sent., p docs] | held-out d-BLEU "
+             "| CXMI vs empty [95% doc. interval] | CXMI vs shuffled | pronoun P-CXMI [interval] / "
+             "all words | gate (dev) | target tokens/update | updates | train tokens/s "
+             "| peak RSS (MB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     sigs = set()
     for m, r in res["models"].items():
         if "signature" in r:
             sigs.add(r["signature"])
         peak = None if r.get("peak_rss_kb") is None else r["peak_rss_kb"] / 1024
-        cx = r.get("cxmi_shuffled")
-        ci = r.get("cxmi_shuffled_ci95")
-        cx_text = cx if isinstance(cx, str) else _fmt(cx, 4)
-        if ci:
-            cx_text += f" [{ci[0]:.4f}, {ci[1]:.4f}]"
-        lines.append(f"| {m} | {r['architecture']} | {_fmt(r.get('bleu_all_refs'))} "
+        cx = r.get("cxmi")
+        cx_text = cx if isinstance(cx, str) else _fmt(cx, 4) + _iv(r.get("cxmi_interval"))
+        sh = r.get("cxmi_shuffled")
+        sh_text = "-" if sh is None else _fmt(sh, 4) + _iv(r.get("cxmi_shuffled_interval"))
+        pr, al = r.get("p_cxmi_pronouns"), r.get("p_cxmi_all_words")
+        pr_text = "-" if not pr or pr.get("mean_p_cxmi") is None else \
+            f"{pr['mean_p_cxmi']:.4f}{_iv(pr['interval'])} / {al['mean_p_cxmi']:.4f}"
+        pt, ph = r.get("paired_test"), r.get("paired_heldout")
+        bleu = _fmt(r.get("bleu_all_refs")) + (f" [{_p(pt['p_sentences'])}]" if pt else "")
+        hb = _fmt(r.get("heldout_bleu")) if "heldout_bleu" in r else "-"
+        if ph:
+            hb += f" [{_p(ph['p_sentences'])}, {_p(ph['p_documents'])}]"
+        gate = r.get("gate_dev")
+        gate_text = "-" if not gate else ", ".join(f"{k} {v:.3f}" for k, v in gate.items()
+                                                    if k.startswith("ctx_mass"))
+        budget = r.get("budget") or {}
+        tpu = budget.get("target_tokens_per_update", r.get("target_tokens_per_update"))
+        lines.append(f"| {m} | {r['architecture']} | {bleu} "
                      f"| {_fmt(r.get('bleu_first_ref'))} | {_fmt(r.get('d_bleu_all_refs'))} "
-                     f"| {_fmt(r.get('d_bleu_first_ref'))} "
-                     f"| {cx_text} "
-                     f"| {_fmt(r.get('train_wps_mean'), 0)} "
-                     f"| {_fmt(r.get('target_tokens_per_update'), 0)} | {_fmt(peak, 0)} "
-                     f"| {_fmt(r.get('updates'))} |")
-    lines += ["", "BLEU: the tokenized, lowercased hypotheses (H- lines, BPE removed) against the "
+                     f"| {_fmt(r.get('d_bleu_first_ref'))} | {hb} "
+                     f"| {_fmt(r.get('heldout_d_bleu')) if 'heldout_d_bleu' in r else '-'} "
+                     f"| {cx_text} | {sh_text} | {pr_text} | {gate_text or '-'} "
+                     f"| {_fmt(tpu, 0)} | {_fmt(r.get('updates'))} "
+                     f"| {_fmt(r.get('train_wps_mean'), 0)} | {_fmt(peak, 0)} |")
+    cx_split = next((r.get("cxmi_split") for r in res["models"].values()
+                     if r.get("cxmi_split")), None)
+    lines += ["", f"BLEU, BLEU (first ref), d-BLEU: the **{res['eval_split']}** set. Held-out "
+              "BLEU and CXMI: the held-out training episodes (never trained on; the README's "
+              "'CPU study'), one reference." if cx_split == "heldout" else
+              f"BLEU and CXMI: the **{res['eval_split']}** set.",
+              "BLEU: the tokenized, lowercased hypotheses (H- lines, BPE removed) against the "
               "references as published, sacreBLEU --tokenize none; signature(s): "
               + "; ".join(sorted(sigs)) + ".",
-              "CXMI: mean log-probability per target token with the true context minus with "
-              "another document position's context (ctx-cxmi, shuffled; selective: another "
-              "episode's document memory); above zero: the model uses its context. In brackets: "
-              "a 95% percentile bootstrap interval over the test sentences (1,000 resamples, "
-              "seed 0). It shows the sentence-to-sentence variation only: the sentences of an "
-              "episode are not independent, and the one draw of shuffled context is not "
-              "resampled, so read it as a lower bound on the uncertainty.",
-              "Training tokens: fairseq's wps and wpb (target tokens, BPE units); every stage-2 "
-              "model trains the same number of updates of --max-tokens tokens, but the context "
-              "counts in --max-tokens, so a context model sees fewer target tokens per update "
-              "(compare the column)."]
+              "p: paired bootstrap resampling (Koehn 2004) against `transformer`, sacreBLEU's "
+              "PairedTest (1,000 resamples, seed 12345; two-sided, of the absolute difference): "
+              "over sentences, and over documents (d-BLEU, each document one segment) where there "
+              "are at least 10 documents (n/a otherwise).",
+              "CXMI (Fernandes et al. 2021): the mean over sentences of the per-sentence mean "
+              "token log-probability of the reference with the true context minus with the "
+              "empty context, the same model (nats); above zero, the model uses its context. "
+              "In brackets: a 95% document block bootstrap interval (1,000 resamples of the "
+              "documents, seed 0; none where there are fewer than 10 documents). Shuffled (another "
+              "document position's context): a sensitivity check (Voita et al. 2018, Kim et al. "
+              "2019). Pronoun P-CXMI: the mean P-CXMI (against empty context) of the English "
+              "pronouns per word, its interval, beside the mean over all words.",
+              "Gate (dev): the model's context gate measured by fairseq-validate of the scored "
+              "checkpoint on the dev set (no CoWord masking, no sampled size: validation has "
+              "none), ctx_mass the mean weight on the context side.",
+              "Target tokens/update: of the current sentences (budget.py, the epoch-1 batches); "
+              "with DOC_TOKENS every stage-2 model trains on the same number of target tokens, "
+              "so a context model (the context counts in --max-tokens) trains more updates."]
     over = {m: r["word_overflow_max"] for m, r in res["models"].items()
             if r.get("word_overflow_max") is not None}
     for m, v in over.items():

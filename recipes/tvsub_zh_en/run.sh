@@ -18,29 +18,35 @@ fairseq-preprocess with docids, stage 1 sentence-level transformer, stage 2
 every model of MODELS from it at one budget, translation of the test set (dev
 when the input has no test set: printed), BLEU with every reference
 (sacreBLEU --tokenize none, as published), BLEU with the first reference,
-document-level BLEU, CXMI against shuffled context, results.md/results.json.
+document-level BLEU, paired bootstrap p-values against the transformer
+(sacreBLEU), CXMI against the empty context (Fernandes et al. 2021) with a
+document-bootstrap interval, results.md/results.json.
 
   --workdir DIR  everything goes here        [work/tvsub_zh_en]
   --smoke        tiny models, a few updates, CPU (in DIR/smoke); the episodes of
                  --raw (the first SMOKE_EPISODES of them)
-  --study        the CPU study (in DIR/study): a slice of episodes and a small
-                 shape meant to finish within 2 hours on 2 cores with one thread
-                 (README.md, 'CPU study'); resumable
+  --study        the CPU study (in DIR/study): a slice of episodes, a small shape,
+                 stage-2 models at an equal target-token budget with a sampled
+                 context size, held-out episodes as a context-evaluation split;
+                 about an hour on one core (README.md, 'CPU study'); resumable
   (neither)      the GPU mode: the full corpus, Transformer base, --fp16 on CUDA
   --raw DIR      a clone of github.com/longyuewangdcu/tvsub or the extracted
                  archive (same layout) instead of cloning
   --cpu          train and translate on the CPU
 
 Environment (defaults in README.md): MODELS, EPISODES (FIRST:END), BPE_MERGES,
-MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, BEAM, SEED, TVSUB_URL, TVSUB_REF (a git
-revision), DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT,
-COWORD_DROPOUT, WORD_CAPACITY, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
+MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, DOC_TOKENS (stage-2 target-token budget:
+updates per model from it), BEAM, SEED, TVSUB_URL, TVSUB_REF (a git revision),
+DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT, COWORD_DROPOUT,
+SAMPLE_CONTEXT (1: --sample-context-size K), HELDOUT (FIRST:END held-out
+episodes), HELDOUT_SENTS, WORD_CAPACITY, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA,
+PYTHON."
 
 # the settings given in the environment, before any default is filled in
 _ENV_SETTINGS=(MODELS EPISODES SMOKE_EPISODES BPE_MERGES MAX_TOKENS GEN_MAX_TOKENS SENT_UPDATES
-               DOC_UPDATES BEAM SEED TVSUB_URL TVSUB_REF DEV_SRC TEST_SRC EVAL_SPLIT
-               CONTEXT_DROPOUT COWORD_DROPOUT WORD_CAPACITY TRAIN_EXTRA GEN_EXTRA UNTIL
-               PYTHON OMP_NUM_THREADS)
+               DOC_UPDATES DOC_TOKENS BEAM SEED TVSUB_URL TVSUB_REF DEV_SRC TEST_SRC EVAL_SPLIT
+               CONTEXT_DROPOUT COWORD_DROPOUT SAMPLE_CONTEXT HELDOUT HELDOUT_SENTS
+               WORD_CAPACITY TRAIN_EXTRA GEN_EXTRA UNTIL PYTHON OMP_NUM_THREADS)
 declare -A _ENV_GIVEN=()
 for _v in "${_ENV_SETTINGS[@]}"; do
     if [ -n "${!_v+x}" ]; then _ENV_GIVEN[$_v]=${!_v}; fi
@@ -84,6 +90,13 @@ _coword_given=${COWORD_DROPOUT+1}  # COWORD_DROPOUT= (empty) turns the study's d
 COWORD_DROPOUT=${COWORD_DROPOUT:-}
 _capacity_given=${WORD_CAPACITY+1}  # WORD_CAPACITY= (empty) turns the study's default off
 WORD_CAPACITY=${WORD_CAPACITY:-}
+_sample_given=${SAMPLE_CONTEXT+1}  # SAMPLE_CONTEXT= (empty) turns the study's default off
+SAMPLE_CONTEXT=${SAMPLE_CONTEXT:-}
+_tokens_given=${DOC_TOKENS+1}  # DOC_TOKENS= (empty): DOC_UPDATES updates per model
+DOC_TOKENS=${DOC_TOKENS:-}
+_heldout_given=${HELDOUT+1}  # HELDOUT= (empty): no held-out split
+HELDOUT=${HELDOUT:-}
+HELDOUT_SENTS=${HELDOUT_SENTS:-100}
 SEED=${SEED:-1}
 
 if [ "$SMOKE" = 1 ] || [ "$STUDY" = 1 ]; then
@@ -117,19 +130,28 @@ case $MODE in
         FP16=()
         MODELS=${MODELS-transformer concat context_aware zhang2018 han selective dc hybrid} ;;
     study)
-        # README.md, 'CPU study'
+        # README.md, 'CPU study': sized by measurement to about an hour on one core
         EPISODES=${EPISODES:-0:60}
         BPE_MERGES=${BPE_MERGES:-8000}
-        dim=256; ffn=1024; heads=4; layers=3
-        MAX_TOKENS=${MAX_TOKENS:-4096}
-        SENT_UPDATES=${SENT_UPDATES:-900}
-        DOC_UPDATES=${DOC_UPDATES:-120}
+        dim=192; ffn=768; heads=4; layers=3
+        MAX_TOKENS=${MAX_TOKENS:-2048}
+        SENT_UPDATES=${SENT_UPDATES:-500}
+        DOC_UPDATES=${DOC_UPDATES:-300}
+        # every stage-2 model trains on the same number of target tokens (not updates)
+        [ -n "$_tokens_given" ] || DOC_TOKENS=600000
         SENT_LR=(--lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 300 --warmup-init-lr 1e-7)
-        # stage 2 goes on at the rate stage 1 ends with (7e-4 * sqrt(300 / 900))
-        DOC_LR=(--lr 4e-4 --lr-scheduler fixed)
-        # CoWord dropout (Fernandes et al. 2021) on the context models: a word
-        # of the current sentence dropped is to be found in the context
+        # stage 2 goes on at the rate stage 1 ends with (7e-4 * sqrt(300 / 500))
+        DOC_LR=(--lr 5e-4 --lr-scheduler fixed)
+        # CoWord dropout (Fernandes et al. 2021) on every stage-2 model, the
+        # transformer included (no confound): a word of the current sentence
+        # dropped is to be found in the context, if the model has one
         [ -n "$_coword_given" ] || COWORD_DROPOUT=0.1
+        # the sampled context size (Fernandes et al. 2021): the empty context of
+        # CXMI is in distribution
+        [ -n "$_sample_given" ] || SAMPLE_CONTEXT=1
+        # 24 training episodes never trained on, the first HELDOUT_SENTS sentences
+        # each: the context-evaluation split (documents for a document bootstrap)
+        [ -n "$_heldout_given" ] || HELDOUT=276:300
         # selective's word level over the 32 sentences of largest Eq. 3 weight:
         # exact while the sparsemax support has at most 32 sentences (the
         # training log's word_overflow counts the token-heads where it has
@@ -139,7 +161,7 @@ case $MODE in
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
-        MODELS=${MODELS-transformer concat context_aware han selective} ;;
+        MODELS=${MODELS-transformer context_aware concat} ;;
     gpu)
         EPISODES=${EPISODES:-0:}
         BPE_MERGES=${BPE_MERGES:-30000}
@@ -174,38 +196,45 @@ OPTIM=(--optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 1.0 --label-smoot
 TVSUB_SENT_OPTS=("${SHAPE[@]}" --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1
            --criterion label_smoothed_cross_entropy "${OPTIM[@]}" "${SENT_LR[@]}")
 SENT_TRAIN=(--arch transformer "${TVSUB_SENT_OPTS[@]}" --max-update "$SENT_UPDATES")
+# (the number of updates: train_model, DOC_UPDATES or from DOC_TOKENS)
 DOC_COMMON=("${SHAPE[@]}" --dropout 0.2 --attention-dropout 0.1 --activation-dropout 0.1
-            "${OPTIM[@]}" "${DOC_LR[@]}" --max-update "$DOC_UPDATES")
+            "${OPTIM[@]}" "${DOC_LR[@]}")
 GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 
 # tvsub_model_spec NAME -> M_ARCH, M_TASK (task options: training, generation,
 # CXMI), M_MODEL (model options), M_INIT (init: init-from, finetune, scratch),
 # M_GEN (generation only), M_ITER (1: iterative decoding, pass 1 by the stage-1
 # model), M_CXMI (1: a context model, measured by ctx-cxmi, the document memory
-# included; 0: sentence-level, nothing to measure), M_TRAIN (training only:
-# CONTEXT_DROPOUT and COWORD_DROPOUT, Fernandes et al. 2021, for the context
-# models; generation, ctx-iterative-decode included, takes no such option).
+# included; 0: sentence-level, nothing to measure), M_K (the bounded context
+# size, for --sample-context-size; 0: none), M_TRAIN (training only:
+# CONTEXT_DROPOUT, COWORD_DROPOUT (every model: the sentence-level ones through
+# the document task with no context) and SAMPLE_CONTEXT, Fernandes et al. 2021;
+# generation, ctx-iterative-decode included, takes no such option).
 tvsub_model_spec() {
     M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
     M_INIT="init-from"; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
-    M_TRAIN=()
+    M_TRAIN=(); M_K=0
     case "$1" in
         transformer)  # the stage-1 transformer trained on for the same budget
             M_ARCH=transformer; M_TASK=(--task translation); M_INIT=finetune; M_CXMI=0
-            M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
+            M_CRIT=(--criterion label_smoothed_cross_entropy)
+            # CoWord dropout for it too: the document task without context
+            if [ -n "$COWORD_DROPOUT" ]; then
+                M_TASK=(--task document_translation --source-context-size 0)
+            fi ;;
         concat)  # Tiedemann & Scherrer (2017) 2-to-2: one previous sentence on each side
             M_ARCH=transformer_concat; M_INIT=finetune
             M_TASK+=(--concat-context --source-context-size 1 --target-context-size 1)
-            M_GEN=(--own-target-context) ;;
+            M_GEN=(--own-target-context); M_K=1 ;;
         context_aware)  # Voita et al. (2018): one previous source sentence
             M_ARCH=transformer_context_aware
-            M_TASK+=(--source-context-size 1) ;;
+            M_TASK+=(--source-context-size 1); M_K=1 ;;
         zhang2018)  # Zhang et al. (2018): two previous source sentences, in the encoder
             M_ARCH=transformer_doc_zhang2018
-            M_TASK+=(--source-context-size 2)
+            M_TASK+=(--source-context-size 2); M_K=2
             M_MODEL=(--context-integration encoder --freeze-sentence-level) ;;
         han)  # Miculicich et al. (2018), HAN joint: 3 previous source and target sentences
-            M_ARCH=transformer_han; M_ITER=1
+            M_ARCH=transformer_han; M_ITER=1; M_K=3
             M_TASK+=(--source-context-size 3 --target-context-size 3) ;;
         selective)  # Maruf et al. (2019): encoder side, online (previous sentences), H-attention
             M_ARCH=transformer_selective_doc
@@ -224,8 +253,12 @@ tvsub_model_spec() {
     esac
     if [ "$M_CXMI" = 1 ]; then  # a context model: its training's dropouts (not generation's)
         if [ -n "$CONTEXT_DROPOUT" ]; then M_TRAIN+=(--context-dropout "$CONTEXT_DROPOUT"); fi
-        if [ -n "$COWORD_DROPOUT" ]; then M_TRAIN+=(--coword-dropout "$COWORD_DROPOUT"); fi
+        if [ -n "$SAMPLE_CONTEXT" ] && [ "$M_K" -gt 0 ]; then
+            M_TRAIN+=(--sample-context-size "$M_K")
+        fi
     fi
+    # CoWord dropout: every stage-2 model (the sentence-level ones too: no confound)
+    if [ -n "$COWORD_DROPOUT" ]; then M_TRAIN+=(--coword-dropout "$COWORD_DROPOUT"); fi
 }
 for _m in "${MODEL_LIST[@]}"; do tvsub_model_spec "$_m"; done
 
@@ -301,6 +334,7 @@ record_command() {
 fairseq-generate() { record_command fairseq-generate "$@"; command fairseq-generate "$@"; }
 ctx-iterative-decode() { record_command ctx-iterative-decode "$@"; command ctx-iterative-decode "$@"; }
 ctx-cxmi() { record_command ctx-cxmi "$@"; command ctx-cxmi "$@"; }
+fairseq-validate() { record_command fairseq-validate "$@"; command fairseq-validate "$@"; }
 
 # fairseq-train's peak resident memory: the shared train() runs
 # `fairseq-train`; this function measures it with GNU time into
@@ -317,15 +351,113 @@ fairseq-train() {
     fi
 }
 
-# train_model NAME INIT ARGS...: stage 2 of NAME (INIT: init-from | finetune)
+# train_model NAME INIT BUDGET ARGS...: stage 2 of NAME (INIT: init-from |
+# finetune); BUDGET: `updates=N` (N updates) or `tokens=N`: the updates that
+# train on N target tokens of the current sentences with these options
+# (budget.py: the epoch-1 batches as fairseq-train builds them; the context
+# counts in --max-tokens, so a context model gets more, smaller updates),
+# recorded in results/NAME/budget.json
 train_model() {
-    local name=$1 init=$2 ckpt
-    shift 2
+    local name=$1 init=$2 budget=$3 ckpt updates init_args=()
+    shift 3
     ckpt=$(best_checkpoint "$WORK/checkpoints/sentence")
     case $init in
-        init-from) train "$WORK/data-bin" "$WORK/checkpoints/$name" --init-from-sentence-checkpoint "$ckpt" "$@" ;;
-        finetune) train "$WORK/data-bin" "$WORK/checkpoints/$name" --finetune-from-model "$ckpt" "$@" ;;
+        init-from) init_args=(--init-from-sentence-checkpoint "$ckpt") ;;
+        finetune) init_args=(--finetune-from-model "$ckpt") ;;
     esac
+    case $budget in
+        updates=*) updates=${budget#updates=} ;;
+        tokens=*)
+            mkdir -p "$WORK/results/$name"
+            updates=$("$PY" "$HERE/budget.py" "${budget#tokens=}" "$WORK/results/$name/budget.json" \
+                -- "$WORK/data-bin" --user-dir "$USER_DIR" "${init_args[@]}" "$@" "${CPU[@]}" \
+                2> "$WORK/logs/budget-$name.log") \
+                || { tail -n 20 "$WORK/logs/budget-$name.log" >&2; die "$name: budget.py failed"; }
+            log "$name: $updates updates for ${budget#tokens=} target tokens ($(grep -o '"target_tokens_per_update": [0-9.]*' "$WORK/results/$name/budget.json"))" ;;
+        *) die "train_model: BUDGET must be updates=N or tokens=N, got $budget" ;;
+    esac
+    train "$WORK/data-bin" "$WORK/checkpoints/$name" "${init_args[@]}" "$@" --max-update "$updates"
+}
+
+# tvsub_heldout: the held-out episodes HELDOUT (first HELDOUT_SENTS sentences of
+# each; heldout.py checks they are not training episodes) as the split `test`
+# of $WORK/data-heldout, binarized with the training dictionaries; the
+# reference (the training target's units) is $WORK/docs/heldout.en
+tvsub_heldout() {
+    local raw=${RAW:-$WORK/raw} dest="$WORK/data-heldout" lang
+    step_reads RAW
+    "$PY" "$HERE/heldout.py" --raw "$raw" --episodes "$1" --train-episodes "$EPISODES" \
+        --sentences "$2" --out "$WORK/docs"
+    for lang in "$L1" "$L2"; do
+        bpe_apply "$WORK/bpe/codes" "$WORK/docs/heldout.$lang" "$WORK/bpe/heldout.$lang"
+    done
+    rm -rf "$dest.part"
+    fairseq-preprocess --source-lang "$L1" --target-lang "$L2" --testpref "$WORK/bpe/heldout" \
+        --srcdict "$WORK/data-bin/dict.$L1.txt" --tgtdict "$WORK/data-bin/dict.$L2.txt" \
+        --destdir "$dest.part" --workers 1 > "$WORK/logs/heldout-preprocess.log" 2>&1 \
+        || { tail -n 20 "$WORK/logs/heldout-preprocess.log" >&2; die "fairseq-preprocess (held-out) failed"; }
+    cp "$WORK/docs/heldout.docids" "$dest.part/test.docids"
+    rm -rf "$dest"
+    mv "$dest.part" "$dest"
+}
+
+# translate_heldout NAME ITER BEAM ARGS...: the held-out split to
+# $WORK/generate/NAME.heldout.txt (as translate_model translates the test split)
+translate_heldout() {
+    local name=$1 iter=$2 beam=$3
+    shift 3
+    step_reads GEN_EXTRA
+    if [ "$iter" = 1 ]; then
+        ctx_iterative_translate "$name.heldout" "$WORK/data-heldout" "$WORK/checkpoints/$name" \
+            "$WORK/checkpoints/sentence" test "$beam" "$@"
+    else
+        ctx_translate "$name.heldout" "$WORK/data-heldout" "$WORK/checkpoints/$name" test \
+            --beam "$beam" "$@"
+    fi
+}
+
+# score_heldout NAME: BLEU and d-BLEU of the held-out translation (one
+# reference, the training target's units, --tokenize none) into results/NAME/heldout/
+score_heldout() {
+    local name=$1 out="$WORK/results/$1/heldout"
+    mkdir -p "$out"
+    ctx_logged "$out/bleu.log" bleu "$WORK/generate/$name.heldout.txt" "$WORK/docs/heldout.docids" \
+        "$out" --refs "$WORK/docs/heldout.$L2" --hypotheses H --tokenize none --prefix bleu
+}
+
+# paired_model NAME: sacreBLEU's paired bootstrap of NAME against the
+# transformer (ctx_fairseq.eval.significance), on the test split (every
+# reference; its documents: a document-level p-value only with enough of
+# them) into results/NAME/paired_test.json and, with HELDOUT, on the held-out
+# split (sentences and documents) into results/NAME/paired_heldout.json
+paired_model() {
+    local name=$1 refs=()
+    mapfile -t refs < <(ls "$WORK/docs/"test.ref[0-9]*."$L2" | sort)
+    ctx_logged "$WORK/results/$name/paired_test.log" "$PY" -m ctx_fairseq.eval.significance \
+        --generate --baseline "$WORK/generate/transformer.txt" --system "$WORK/generate/$name.txt" \
+        --refs "${refs[@]}" --docids "$WORK/docs/test.docids" --tokenize none \
+        --out "$WORK/results/$name/paired_test.json"
+    if [ -n "$HELDOUT" ]; then
+        ctx_logged "$WORK/results/$name/paired_heldout.log" "$PY" -m ctx_fairseq.eval.significance \
+            --generate --baseline "$WORK/generate/transformer.heldout.txt" \
+            --system "$WORK/generate/$name.heldout.txt" --refs "$WORK/docs/heldout.$L2" \
+            --docids "$WORK/docs/heldout.docids" --tokenize none \
+            --out "$WORK/results/$name/paired_heldout.json"
+    fi
+}
+
+# gate_model NAME ARGS...: the context gate of NAME's scored checkpoint on the
+# dev set (valid), no masking (validation gets no dropout of any kind):
+# fairseq-validate with the training criterion, whose validation line carries
+# the model's gate statistics (ctx_mass: the share of the context) into
+# results/NAME/gate.log (report.py reads it)
+gate_model() {
+    local name=$1 ckpt
+    shift
+    ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
+    ctx_logged "$WORK/results/$name/gate.log" fairseq-validate "$WORK/data-bin" --user-dir "$USER_DIR" \
+        --path "$ckpt" --valid-subset valid --max-tokens "$MAX_TOKENS" --num-workers 0 \
+        --log-format simple "${CPU[@]}" "$@"
 }
 
 # translate_model NAME ITER BEAM ARGS...: the test split to $WORK/generate/NAME.txt
@@ -349,13 +481,21 @@ score_model() {
     log "$name: $(grep -m1 '^BLEU (all' "$out/bleu.log")"
 }
 
-# cxmi_model NAME MAX_TOKENS: ctx-cxmi (true against shuffled context) on the
-# test split, as the Maruf pipeline measures it (ctx_maruf_cxmi; a test split
-# of one document is recorded as such, not measured)
+# cxmi_model NAME MAX_TOKENS: ctx-cxmi on the held-out split when there is
+# one (HELDOUT): the true context against the empty context (the paper's
+# CXMI, with a document-bootstrap interval), shuffled beside it (a
+# sensitivity check), the curve over context sizes 0..K, P-CXMI by word class;
+# without HELDOUT, on the test split as the Maruf pipeline measures it
+# (ctx_maruf_cxmi: against shuffled; a test split of one document is recorded
+# as such, not measured)
 cxmi_model() {
     # shellcheck disable=SC2034  # read by ctx_maruf_cxmi (--lang)
-    local CTX_TGT=$L2
-    ctx_maruf_cxmi "$@"
+    local CTX_TGT=$L2 name=$1 max_tokens=$2 extra=(--curve)
+    if [ -z "$HELDOUT" ]; then ctx_maruf_cxmi "$@"; return; fi
+    [ "$M_K" -gt 0 ] || extra=()  # a document memory: no context size to vary
+    ctx_logged "$WORK/results/$name/cxmi.log" ctx-cxmi --path "$(best_checkpoint "$WORK/checkpoints/$name")" \
+        --data "$WORK/data-heldout" --split test --out "$WORK/results/$name/cxmi" \
+        --conditions none,shuffled --max-tokens "$max_tokens" --lang "$L2" --cpu "${extra[@]}"
 }
 
 # report: results.md and results.json (every model of this run with results)
@@ -392,6 +532,7 @@ PYEOF
 # joint subword-nmt BPE over the published units (no re-tokenization)
 step bpe ctx_bpe_joint "$BPE_MERGES" "$L1" "$L2" "$WORK/docs" "$WORK/bpe"
 step binarize binarize
+if [ -n "$HELDOUT" ]; then step heldout tvsub_heldout "$HELDOUT" "$HELDOUT_SENTS"; fi
 if [ "${UNTIL:-}" = data ]; then
     log "UNTIL=data: the data are ready in $WORK/data-bin; stopping before training"
     exit 0
@@ -400,16 +541,39 @@ log "models: transformer (stage 1) then ${MODEL_LIST[*]} ($MODE mode)"
 step train_sentence train "$WORK/data-bin" "$WORK/checkpoints/sentence" "${SENT_TRAIN[@]}"
 step translate_sentence translate_model sentence 0 "$BEAM" --task translation "${GEN[@]}"
 step score_sentence score_model sentence
+if [ -n "$HELDOUT" ]; then
+    step translate_heldout_sentence translate_heldout sentence 0 "$BEAM" --task translation "${GEN[@]}"
+    step score_heldout_sentence score_heldout sentence
+fi
+BUDGET="updates=$DOC_UPDATES"
+[ -z "$DOC_TOKENS" ] || BUDGET="tokens=$DOC_TOKENS"
 # each model trained, translated, scored and measured before the next: a run
 # stopped midway has every result of the models it finished (WORK/results/NAME)
 for m in "${MODEL_LIST[@]}"; do
     tvsub_model_spec "$m"
-    step "train_$m" train_model "$m" "$M_INIT" --arch "$M_ARCH" "${M_TASK[@]}" "${M_TRAIN[@]}" \
-        "${M_MODEL[@]}" "${M_CRIT[@]}" "${DOC_COMMON[@]}"
+    step "train_$m" train_model "$m" "$M_INIT" "$BUDGET" --arch "$M_ARCH" "${M_TASK[@]}" \
+        "${M_TRAIN[@]}" "${M_MODEL[@]}" "${M_CRIT[@]}" "${DOC_COMMON[@]}"
     step "translate_$m" translate_model "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
     step "score_$m" score_model "$m"
-    if [ "$M_CXMI" = 1 ]; then step "cxmi_$m" cxmi_model "$m" "$MAX_TOKENS"; fi
+    if [ -n "$HELDOUT" ]; then
+        step "translate_heldout_$m" translate_heldout "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" \
+            "${M_GEN[@]}" "${GEN[@]}"
+        step "score_heldout_$m" score_heldout "$m"
+    fi
+    if [ "$M_CXMI" = 1 ]; then
+        step "cxmi_$m" cxmi_model "$m" "$MAX_TOKENS"
+        step "gate_$m" gate_model "$m" "${M_TASK[@]}"
+    fi
 done
+# BLEU against the transformer (the sentence-level model of the same stage-2
+# budget), paired bootstrap, for every other model
+if [[ " ${MODEL_LIST[*]} " == *" transformer "* ]]; then
+    for m in sentence "${MODEL_LIST[@]}"; do
+        [ "$m" = transformer ] || step "paired_$m" paired_model "$m"
+    done
+else
+    log "no transformer in MODELS: no paired p-values (they are against the transformer)"
+fi
 report
 log "done: $WORK/results/results.md"
 cat "$WORK/results/results.md"
