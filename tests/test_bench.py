@@ -328,7 +328,6 @@ def test_sweep_mode_runs_each_batch(capsys, tmp_path):
     (["--sweep-max-tokens", "40,x"], "expected integers"),
     (["--sweep-max-tokens", "40,40"], "distinct values"),
     (["--sweep-max-tokens", "3"], "at least --tgt-len"),
-    (["--sweep-max-tokens", "40", "--dry-run"], "exclude each other"),
     (["--peak-tflops", "0"], "--peak-tflops must be a positive number"),
 ])
 def test_bad_sweep_and_peak(capsys, argv, message):

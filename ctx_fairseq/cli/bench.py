@@ -678,6 +678,11 @@ def run_sweep(args, specs: List[str], sizes: List[int], log=print) -> Dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     shape = dict(points[0]["shape"], max_tokens=sizes, batch_size=None)
+    if getattr(args, "dry_run", False):  # each point's models and batches, nothing measured
+        return {"device": points[0]["device"], "shape": shape, "dry_run": True,
+                "precision": points[0]["precision"],
+                "results": [dict(r, arch=f"{r['arch']} @{p['max_tokens']}")
+                            for p in points for r in p["results"]]}
     return {"device": points[0]["device"], "shape": shape, "sweep": points,
             "summary": sweep_summary(points)}
 
@@ -927,8 +932,6 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
                          "separated by commas")
         if not sweep or len(set(sweep)) != len(sweep) or min(sweep) < a.tgt_len:
             parser.error("--sweep-max-tokens: distinct values, each at least --tgt-len")
-        if a.dry_run:
-            parser.error("--sweep-max-tokens and --dry-run exclude each other")
         sweep = sorted(sweep)
     if a.from_json:
         try:
