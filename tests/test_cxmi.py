@@ -1,6 +1,9 @@
 """ctx-cxmi: CXMI and P-CXMI (Fernandes et al. 2021) against no, shuffled and
 random context, checked against log-probabilities computed independently, one
-sentence at a time through the model's ``get_normalized_probs``."""
+sentence at a time through the model's ``get_normalized_probs``; the paper's
+CXMI (true against empty context, mean of per-sentence means) built by hand
+on a checkpoint trained with a sampled context size; the context-size curve
+and the document bootstrap."""
 
 import json
 import os
@@ -77,8 +80,12 @@ def test_cxmi_equals_independent_logprobs(loaded, measured):
             ds = cxmi.condition_dataset(task, "test", c)
             other = np.array([_sentence_logprob(model, ds, i) for i in range(n)])
         assert result[c]["tokens"] == lens.sum()
-        assert result[c]["cxmi"] == pytest.approx((true - other).sum() / lens.sum(), abs=1e-5)
-        assert result[c]["cxmi_sentence"] == pytest.approx((true - other).sum() / n, abs=1e-4)
+        # the paper's normalisation first (mean of per-sentence means), the others beside
+        assert result[c]["cxmi"] == pytest.approx(np.mean((true - other) / lens), abs=1e-5)
+        assert result[c]["cxmi_per_token"] == pytest.approx((true - other).sum() / lens.sum(),
+                                                            abs=1e-5)
+        assert result[c]["cxmi_per_sentence_sum"] == pytest.approx((true - other).sum() / n,
+                                                                   abs=1e-4)
         # the first sentence of a document has no context under any condition
         first = true_ds.sent_pos == 0
         assert np.abs((true - other)[first]).max() < 1e-5
@@ -99,15 +106,21 @@ def test_outputs(measured, tmp_path):
     paths = cxmi.write_outputs(result, words, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == sorted(cxmi.OUTPUT_FILES)
     got = json.loads((tmp_path / "cxmi.json").read_text())
+    assert got["cxmi"] == got["none"]["cxmi"] and got["cxmi_interval"] == got["none"]["interval"]
     for c in CONDS:
-        assert set(got[c]) >= {"cxmi", "tokens", "cxmi_sentence"}
+        assert set(got[c]) >= {"cxmi", "tokens", "cxmi_per_token", "cxmi_per_sentence_sum",
+                               "interval", "normalisation"}
+        assert "mean over sentences" in got[c]["normalisation"]["cxmi"]
+        # 6 test documents: too few for a document bootstrap, said so, no interval
+        assert got[c]["interval"]["low"] is None and "too few" in got[c]["interval"]["note"]
         assert got["top_words"][c] and all(r["count"] >= 3 for r in got["top_words"][c])
         means = [r["mean_p_cxmi"] for r in got["top_words"][c]]
         assert means == sorted(means, reverse=True)
         classes = got["word_classes"][c]
-        assert set(classes) == {"pronouns", "deictic", "other"}
-        assert sum(g["count"] for g in classes.values()) == len(words)
-    assert any("without context dropout" in n for n in got["notes"])
+        assert set(classes) == {"all words", "pronouns", "deictic", "other"}
+        assert classes["all words"]["count"] == len(words)
+        assert sum(g["count"] for k, g in classes.items() if k != "all words") == len(words)
+    assert any("without a sampled context size" in n for n in got["notes"])
     lines = [json.loads(x) for x in (tmp_path / "tokens.jsonl").read_text().splitlines()]
     assert len(lines) == len(words)
     assert set(lines[0]) >= {"doc", "sentence", "sent_pos", "position", "word", "p_cxmi"}
@@ -124,12 +137,15 @@ def test_outputs(measured, tmp_path):
     assert paths["cxmi.json"] == str(tmp_path / "cxmi.json")
 
 
-def test_none_brings_shuffled_and_conditions_checked(loaded):
+def test_none_is_the_headline_and_conditions_checked(loaded):
     from ctx_fairseq.eval import cxmi
 
     model, task, cfg = loaded
     result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=300)
-    assert result["conditions"] == ["none", "shuffled"]
+    assert result["conditions"] == ["none"]
+    result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"], max_tokens=300)
+    assert result["conditions"] == ["none", "shuffled"]  # the headline always comes first
+    assert result["shuffled"]["role"].startswith("sensitivity check")
     assert result["word_classes"] is None  # target language "tgt": no list
     assert any("--word-classes" in n for n in result["notes"])
     with pytest.raises(ValueError, match="unknown condition"):
@@ -309,7 +325,8 @@ def test_document_memory_models(name, toy_bin, tmp_path, selective_dec_ckpt):
         if c == "none":
             by_hand = np.array([_sentence_logprob(model, true_ds, i, dropped) for i in range(n)])
             np.testing.assert_allclose(other, by_hand, atol=1e-5)
-        assert result[c]["cxmi"] == pytest.approx((true - other).sum() / tokens, abs=1e-5)
+        assert result[c]["cxmi_per_token"] == pytest.approx((true - other).sum() / tokens,
+                                                            abs=1e-5)
         diff = true - other
         if online:  # a document's first sentence sees no memory under any condition
             assert np.abs(diff[true_ds.sent_pos == 0]).max() < 1e-5
@@ -325,7 +342,7 @@ def test_cli(context_ckpt, toy_bin, tmp_path, capsys):
                    "--out", str(tmp_path), "--cpu", "--conditions", "shuffled",
                    "--max-tokens", "400", "--lang", "de"])
     got = json.loads((tmp_path / "cxmi.json").read_text())
-    assert got["conditions"] == ["shuffled"] and got["split"] == "valid"
+    assert got["conditions"] == ["none", "shuffled"] and got["split"] == "valid"
     assert "| shuffled |" in capsys.readouterr().out
 
 
@@ -396,7 +413,108 @@ def test_every_context_architecture(name, toy_bin, tmp_path):
         else:
             ds = cxmi.condition_dataset(task, "test", c)
             other = np.array([_sentence_logprob(model, ds, i) for i in range(n)])
-        assert result[c]["cxmi"] == pytest.approx((true - other).sum() / tokens, abs=1e-5)
+        assert result[c]["cxmi_per_token"] == pytest.approx((true - other).sum() / tokens,
+                                                            abs=1e-5)
         assert result["by_position"][c]["0"]["cxmi"] == pytest.approx(0.0, abs=1e-6)
     write = cxmi.write_outputs(result, words, str(tmp_path / "out"))
     assert os.path.exists(write["tokens.jsonl"])
+
+
+# ------------------------------------------- the paper's CXMI, sampled context size
+@pytest.fixture(scope="module")
+def sampled_ckpt(toy_bin, sentence_ckpt, tmp_path_factory):
+    """transformer_context_aware from the sentence checkpoint, 3 updates with
+    --sample-context-size 1 (K = 1)."""
+    save = str(tmp_path_factory.mktemp("sampled"))
+    train([toy_bin, "--arch", "transformer_context_aware", "--task", "document_translation",
+           "--source-context-size", "1", "--sample-context-size", "1", *TINY_MODEL_ARGS,
+           "--share-all-embeddings", "--init-from-sentence-checkpoint", sentence_ckpt,
+           "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "3",
+           "--save-dir", save, "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1",
+           "--num-workers", "0", "--disable-validation"])
+    return os.path.join(save, "checkpoint_last.pt")
+
+
+def test_paper_cxmi_by_hand(sampled_ckpt, toy_bin):
+    """Fernandes et al. (2021)'s CXMI built by hand: the same model, each
+    sentence in a batch of its own with its true context and with an empty
+    context (the batch's context replaced by a row of padding), the mean
+    token log-probability of each sentence, their difference averaged over the
+    sentences. ctx-cxmi's headline matches it to 1e-6; --context-size 0 gives
+    0 exactly; the curve over sizes 0..K has K+1 points, 0 at size 0 and the
+    headline at K."""
+    from ctx_fairseq.eval import cxmi
+
+    model, task, cfg = cxmi.load(sampled_ckpt, toy_bin, cuda=False)
+    assert task.cfg.sample_context_size == 1 and cxmi.trained_context_size(task) == 1
+    result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=300,
+                                  curve=True, lang="de")
+    ds = cxmi.condition_dataset(task, "test", "true")
+    n = len(ds)
+
+    def empty_context(sample):
+        ni = sample["net_input"]
+        ni["src_ctx_tokens"] = torch.full((1, 1), task.source_dictionary.pad())
+        ni["src_ctx_lengths"] = torch.zeros(1, dtype=torch.long)
+
+    lens = np.array([len(ds.base.tgt[i]) for i in range(n)])
+    true = np.array([_sentence_logprob(model, ds, i) for i in range(n)]) / lens
+    empty = np.array([_sentence_logprob(model, ds, i, empty_context) for i in range(n)]) / lens
+    by_hand = float(np.mean(true - empty))
+    assert abs(by_hand) > 1e-4  # the context changes something
+    assert result["cxmi"] == pytest.approx(by_hand, abs=1e-6)
+    assert result["none"]["cxmi"] == result["cxmi"]
+    assert result["context_size"] == 1 and result["trained_context_size"] == 1
+    assert not any("out of distribution" in note for note in result["notes"])
+    assert [p["context_size"] for p in result["curve"]] == [0, 1]
+    assert result["curve"][0]["cxmi"] == 0.0
+    assert result["curve"][1]["cxmi"] == pytest.approx(result["cxmi"], abs=1e-12)
+    zero, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=300,
+                                context_size=0)
+    assert zero["cxmi"] == 0.0 and zero["sentences_with_context"] == 0
+    one, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=300,
+                               context_size=1)
+    assert one["cxmi"] == pytest.approx(result["cxmi"], abs=1e-12)
+
+
+def test_context_size_bad_input(sampled_ckpt, context_ckpt, toy_bin, tmp_path, capsys):
+    """--context-size above the trained K, negative, or --curve on a memory
+    model: a one-line error, nothing written."""
+    from ctx_fairseq.eval import cxmi
+
+    model, task, cfg = cxmi.load(sampled_ckpt, toy_bin, cuda=False)
+    with pytest.raises(cxmi.CXMIError, match="larger than the checkpoint was trained with"):
+        cxmi.compute_cxmi(model, task, cfg, "test", ["none"], context_size=2)
+    for bad in (["--context-size", "2"], ["--context-size", "-1"]):
+        out = tmp_path / "out"
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            cxmi.cli_main(["--path", sampled_ckpt, "--data", toy_bin, "--split", "test",
+                           "--out", str(out), "--cpu", *bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("ctx-cxmi: error: --context-size"), err
+        assert "Traceback" not in "\n".join(err)
+        assert not out.exists()
+
+
+def test_doc_bootstrap():
+    """The document block bootstrap: too few documents give no interval and
+    say why; the same seed, the same interval; documents that all gain give an
+    interval above 0; a paired difference on the same draws."""
+    from ctx_fairseq.eval.cxmi import MIN_BOOTSTRAP_DOCS, doc_bootstrap
+
+    few = doc_bootstrap(np.ones(MIN_BOOTSTRAP_DOCS - 1), np.ones(MIN_BOOTSTRAP_DOCS - 1))
+    assert few["low"] is None and few["high"] is None and "too few" in few["note"]
+    rng = np.random.default_rng(0)
+    den = rng.integers(5, 20, size=30).astype(float)
+    num = den * (0.1 + 0.02 * rng.standard_normal(30))
+    iv = doc_bootstrap(num, den, seed=3)
+    assert 0 < iv["low"] < num.sum() / den.sum() < iv["high"]
+    assert doc_bootstrap(num, den, seed=3) == iv
+    noise = den * rng.standard_normal(30)
+    iv0 = doc_bootstrap(noise, den)
+    assert iv0["low"] < 0 < iv0["high"]
+    same = doc_bootstrap(num, den, minus=(num, den))
+    assert same["low"] == same["high"] == 0.0
+    assert "30 documents" in iv["method"]

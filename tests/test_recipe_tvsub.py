@@ -10,6 +10,7 @@ import os
 import random
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -363,13 +364,17 @@ def test_download_clones_the_repository_and_fails_cleanly(tmp_path):
 
 
 def test_smoke_end_to_end(tmp_path):
-    """Every model on tiny synthetic episodes: the test set's 3 references,
-    results.json with BLEU, d-BLEU and the context's contribution per model;
-    the study's CoWord dropout and word capacity reach the context models'
-    training; a re-run skips every step."""
-    root = write_tvsub(str(tmp_path / "tvsub"))
+    """Every model on tiny synthetic episodes with the study's options: the
+    test set's 3 references, held-out episodes (HELDOUT) as the CXMI split,
+    results.json with BLEU, d-BLEU, paired p-values against the transformer,
+    CXMI against the empty context with its document interval (4 documents:
+    none, with the caveat), gates and the equal target-token budget; CoWord
+    dropout reaches every stage-2 model, the sampled context size every model
+    with a bounded context; a re-run skips every step."""
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=16)
     work = tmp_path / "w"
-    env = {"OMP_NUM_THREADS": "1", "COWORD_DROPOUT": "0.1", "WORD_CAPACITY": "2"}
+    env = {"OMP_NUM_THREADS": "1", "COWORD_DROPOUT": "0.1", "WORD_CAPACITY": "2",
+           "SAMPLE_CONTEXT": "1", "HELDOUT": "12:16", "DOC_TOKENS": "2500"}
     r = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r.returncode == 0, r.stderr[-5000:]
     assert "evaluating on the test set: 18 sentences, 3 reference(s)" in r.stderr
@@ -384,26 +389,51 @@ def test_smoke_end_to_end(tmp_path):
             assert isinstance(row[k], float), (m, k, row)
         assert "nrefs:3" in row["signature"]
         assert row["train_options"] and row["updates"] is not None
-    # every context model, transformer_selective_doc's document memory included
+    # every context model, transformer_selective_doc's document memory included, on
+    # the held-out episodes (4 documents: too few for a document interval, said so)
     for m in ("concat", "context_aware", "zhang2018", "han", "selective"):
-        assert isinstance(res["models"][m]["cxmi_shuffled"], float), m
-        low, high = res["models"][m]["cxmi_shuffled_ci95"]
-        assert low <= res["models"][m]["cxmi_shuffled"] <= high, m
+        row = res["models"][m]
+        assert isinstance(row["cxmi"], float) and isinstance(row["cxmi_shuffled"], float), m
+        assert row["cxmi_split"] == "heldout" and row["cxmi_documents"] == 4, m
+        assert row["cxmi_interval"]["low"] is None and "too few" in row["cxmi_interval"]["note"]
         assert (work / "smoke" / "results" / m / "cxmi" / "cxmi.json").exists(), m
+        assert ("curve" in row) == (m != "selective"), m
+        if m != "selective":
+            assert len(row["curve"]) == row["sample_context_size"] + 1, m
+        assert row["p_cxmi_pronouns"]["count"] > 0, m
     for m in ("sentence", "transformer", "dc", "hybrid"):
-        assert res["models"][m]["cxmi_shuffled"] == "no context", m
+        assert res["models"][m]["cxmi"] == "no context", m
         assert not (work / "smoke" / "results" / m / "cxmi").exists(), m
-    # every model starts from the one stage-1 transformer, at one stage-2 budget
+    # gates on dev for every model with a gate; paired p-values against the transformer
+    assert "ctx_mass" in res["models"]["context_aware"]["gate_dev"]
+    assert res["models"]["concat"]["gate_dev"] is None  # no gate
+    for m in models:
+        if m == "transformer":
+            assert "paired_test" not in res["models"][m]
+            continue
+        pt, ph = res["models"][m]["paired_test"], res["models"][m]["paired_heldout"]
+        assert pt["p_documents"] is None and "too few" in pt["note"], m  # 2 test documents
+        assert ph["documents"] == 4 and ph["p_documents"] is None, m
+        assert isinstance(res["models"][m]["heldout_bleu"], float), m
+    # every model starts from the one stage-1 transformer, at one stage-2 target-token budget
     for m in models[1:]:
         args = (work / "smoke" / "checkpoints" / m / "train.args").read_text().splitlines()
         init = [a for a in args if a in ("arg=--init-from-sentence-checkpoint",
                                          "arg=--finetune-from-model")]
         assert len(init) == 1, (m, args)
         assert args[args.index(init[0]) + 1].startswith("arg=$WORK/checkpoints/sentence/"), m
-        assert res["models"][m]["updates"] == res["models"]["transformer"]["updates"], m
-        context = m in ("concat", "context_aware", "zhang2018", "han", "selective")
-        assert ("arg=--coword-dropout" in args) == context, (m, args)
+        b = res["models"][m]["budget"]
+        assert b["target_token_budget"] == 2500 and res["models"][m]["updates"] == b["updates"]
+        assert b["target_tokens_planned"] >= 2500 > \
+            b["target_tokens_planned"] - b["target_tokens_per_update"], (m, b)
+        # CoWord dropout for every stage-2 model (no confound); the sampled size where
+        # the context is bounded
+        assert "arg=--coword-dropout" in args, (m, args)
+        bounded = m in ("concat", "context_aware", "zhang2018", "han")
+        assert ("arg=--sample-context-size" in args) == bounded, (m, args)
         assert ("arg=--doc-word-capacity" in args) == (m == "selective"), (m, args)
+    ca = (work / "smoke" / "checkpoints" / "context_aware" / "train.args").read_text()
+    assert res["models"]["context_aware"]["updates"] > res["models"]["transformer"]["updates"]
     assert 0 <= res["models"]["selective"]["word_overflow_max"] <= 1
     assert res["models"]["context_aware"]["word_overflow_max"] is None
     md = (work / "smoke" / "results" / "results.md").read_text()
@@ -412,14 +442,16 @@ def test_smoke_end_to_end(tmp_path):
     # the exact commands: the run's, and each model's training, translation and CXMI
     assert res["command"].endswith(f"recipes/tvsub_zh_en/run.sh --smoke --raw {root} "
                                    f"--workdir {work}")
-    for setting in ("OMP_NUM_THREADS=1 ", "COWORD_DROPOUT=0.1 ", "WORD_CAPACITY=2 "):
+    for setting in ("OMP_NUM_THREADS=1 ", "COWORD_DROPOUT=0.1 ", "WORD_CAPACITY=2 ",
+                    "HELDOUT=12:16 "):
         assert setting in res["command"], res["command"]
     cmds = res["models"]["han"]["commands"]
     assert cmds["fairseq-train"].startswith(
         "fairseq-train $WORK/data-bin --user-dir ctx_fairseq --save-dir $WORK/checkpoints/han "), cmds
     assert "--arch transformer_han" in cmds["fairseq-train"]
     assert "--first-pass-path $WORK/checkpoints/sentence/" in cmds["ctx-iterative-decode"]
-    assert "--conditions shuffled" in cmds["ctx-cxmi"]
+    assert "--conditions none,shuffled" in cmds["ctx-cxmi"] and "--curve" in cmds["ctx-cxmi"]
+    assert "--data $WORK/data-heldout" in cmds["ctx-cxmi"]
     assert "--path $WORK/checkpoints/concat/" in res["models"]["concat"]["commands"]["fairseq-generate"]
     assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate"}
     assert md.count("```") >= 2 * (1 + len(models))
@@ -480,8 +512,35 @@ def test_smoke_killed_during_training_resumes(tmp_path):
             (whole / "generate" / name).read_bytes(), name
     ref = json.loads((whole / "results" / "results.json").read_text())
     for name in ("sentence", "transformer", "context_aware"):
-        for key in ("bleu_all_refs", "bleu_first_ref", "d_bleu_all_refs", "cxmi_shuffled"):
+        for key in ("bleu_all_refs", "bleu_first_ref", "d_bleu_all_refs", "cxmi",
+                    "cxmi_shuffled"):
             assert res["models"][name].get(key) == ref["models"][name].get(key), (name, key)
+
+
+def test_heldout_split(tmp_path):
+    """heldout.py: the held-out episodes as documents, their first N
+    sentences; overlapping the training episodes is an error, nothing
+    written."""
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=6, lines=10)
+    script = os.path.join(REPO, "recipes", "tvsub_zh_en", "heldout.py")
+    out = tmp_path / "docs"
+    r = subprocess.run([sys.executable, script, "--raw", root, "--episodes", "4:6",
+                        "--train-episodes", "0:4", "--sentences", "7", "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ids = (out / "heldout.docids").read_text().splitlines()
+    assert ids == ["ep-4"] * 7 + ["ep-5"] * 7
+    assert len((out / "heldout.zh").read_text().splitlines()) == 14
+    tr = os.path.join(root, "data", "orignal", "train", "separated")
+    assert (out / "heldout.en").read_text().splitlines()[:7] == \
+        open(os.path.join(tr, f"4{pt.EN_SUFFIX}"), encoding="utf-8").read().splitlines()[:7]
+    bad = tmp_path / "bad"
+    r = subprocess.run([sys.executable, script, "--raw", root, "--episodes", "3:6",
+                        "--train-episodes", "0:4", "--out", str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "overlap the training episodes" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("heldout.py: error:")
+    assert not bad.exists()
 
 
 def _report_module():
@@ -494,39 +553,20 @@ def _report_module():
     return mod
 
 
-def _tokens_jsonl(path, per_sentence):
-    """ctx-cxmi's per-word rows: each sentence a list of (span, pointwise CXMI)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for i, words in enumerate(per_sentence):
-            pos = 0
-            for span, value in words:
-                f.write(json.dumps({"doc": f"d{i % 3}", "sentence": i, "word": "w",
-                                    "tokens": [pos, pos + span],
-                                    "p_cxmi": {"shuffled": value}}) + "\n")
-                pos += span
-
-
-def test_cxmi_interval(tmp_path):
-    """The bootstrap interval of the report: the token-weighted mean is
-    ctx-cxmi's CXMI; constant sentences give a point; sentences that help and
-    hurt equally give an interval around zero; strongly helped sentences an
-    interval above zero; the same seed, the same interval."""
+def test_report_reads_the_gate_of_fairseq_validate(tmp_path):
+    """The gate column comes from fairseq-validate's line on the dev set (the
+    context-side statistics, every one named), never from a training line."""
     report = _report_module()
-    path = str(tmp_path / "tokens.jsonl")
-    _tokens_jsonl(path, [[(1, 0.2), (2, 0.4)]] * 20)  # 0.2 per token in every sentence
-    low, high, mean = report.cxmi_interval(path)
-    assert mean == pytest.approx(0.2) and low == pytest.approx(0.2) and high == pytest.approx(0.2)
-    rng = random.Random(0)
-    noisy = [[(1, v), (1, v)] for v in (rng.gauss(0.0, 1.0) for _ in range(200))]
-    _tokens_jsonl(path, noisy)
-    low, high, mean = report.cxmi_interval(path)
-    assert low < 0 < high and low < mean < high
-    assert report.cxmi_interval(path) == (low, high, mean)
-    helped = [[(3, 0.9 + 0.3 * rng.random())] for _ in range(200)]
-    _tokens_jsonl(path, helped)
-    low, high, mean = report.cxmi_interval(path)
-    assert mean == pytest.approx(sum(w[0][1] for w in helped) / (3 * 200))  # per token
-    assert 0 < low < mean < high
-    open(path, "w").close()
-    with pytest.raises(ValueError, match="no tokens"):
-        report.cxmi_interval(path)
+    log = tmp_path / "gate.log"
+    log.write_text(
+        "2026 | INFO | train | epoch 001 | loss 3 | gate 0.1 | ctx_mass 0.9\n"
+        "2026 | INFO | valid | valid on 'valid' subset | loss 9.756 | gate 0.492393 | "
+        "ctx_mass 0.507607 | ctx_frac 0.999098 | wps 0 | wpb 18455\n")
+    assert report._gate(str(log)) == {"gate": 0.492393, "ctx_mass": 0.507607,
+                                      "ctx_frac": 0.999098}
+    log.write_text("2026 | INFO | valid | valid on 'valid' subset | loss 9.7 | ctx_mass_src "
+                   "0.25 | ctx_mass_tgt 1.5e-01\n")
+    assert report._gate(str(log)) == {"ctx_mass_src": 0.25, "ctx_mass_tgt": 0.15}
+    log.write_text("2026 | INFO | valid | valid on 'valid' subset | loss 9.7 | ppl 3\n")
+    assert report._gate(str(log)) is None  # a model without a gate
+    assert report._gate(str(tmp_path / "none.log")) is None

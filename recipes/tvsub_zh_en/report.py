@@ -6,12 +6,13 @@ Per model (``sentence`` is the stage-1 transformer): BLEU with every
 reference and with the first (sentence level) and document-level BLEU
 (``WORK/results/M/bleu.json``, ``prep_tvsub score``; ``doc_bleu.json``,
 ``ctx-doc-bleu`` against the first reference), the context's contribution
-(``WORK/results/M/cxmi/cxmi.json``: CXMI = mean per-token log-probability
-with the true context minus with shuffled context, for every context model,
-``transformer_selective_doc``'s document memory included: there another
-document's memory, with a 95% bootstrap interval over the test sentences
-from ``tokens.jsonl``; ``no context`` for sentence-level models; ``n/a`` for a
-test split of one document, where there is no other document), training speed (mean of fairseq's ``wps``: target tokens per
+(``WORK/results/M/cxmi/cxmi.json``, ctx-cxmi: CXMI of Fernandes et al. 2021,
+the true against the empty context, mean of per-sentence means, with its
+document-bootstrap interval, shuffled beside it, the curve over context sizes
+and the pronouns' P-CXMI; ``no context`` for sentence-level models), BLEU on
+the held-out episodes and the paired p-values against the transformer
+(``paired_{test,heldout}.json``), the context gate on dev (``gate.log``,
+fairseq-validate), the target-token budget (``budget.json``), training speed (mean of fairseq's ``wps``: target tokens per
 second), peak resident memory of ``fairseq-train`` (GNU time, KB; the host
 process: on a GPU the device memory is not in it) and the exact training
 options (``checkpoints/M/train.args``) and the exact command lines of its
@@ -26,7 +27,6 @@ import re
 import statistics
 import sys
 
-import numpy as np
 
 ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (continued)",
         "concat": "transformer_concat (2-to-2)", "context_aware": "transformer_context_aware",
@@ -90,34 +90,6 @@ def _train_stats(work, name):
             "word_overflow_max": max(overflow) if overflow else None,
             "target_tokens_per_update": round(statistics.mean(wpb), 1) if wpb else None,
             "updates": updates, "peak_rss_kb": peak, "train_options": options}
-
-
-def cxmi_interval(tokens_jsonl, condition="shuffled", resamples=1000, seed=0):
-    """A 95% percentile bootstrap interval of CXMI over the test sentences.
-
-    ``tokens_jsonl`` is ctx-cxmi's per-word file (each row: its document and
-    sentence, its token span and its pointwise CXMI summed over that span).
-    CXMI is the sum of the pointwise values over the number of tokens; the
-    sentences are resampled with replacement (``resamples`` times, numpy's
-    generator seeded with ``seed``: the interval is reproducible), so the
-    interval shows whether the mean is clearly away from zero given how much
-    it varies from sentence to sentence. Returns ``(low, high, cxmi)``."""
-    sums, counts = {}, {}
-    with open(tokens_jsonl, encoding="utf-8") as f:
-        for line in f:
-            r = json.loads(line)
-            key = (r["doc"], r["sentence"])
-            sums[key] = sums.get(key, 0.0) + r["p_cxmi"][condition]
-            counts[key] = counts.get(key, 0) + r["tokens"][1] - r["tokens"][0]
-    if not sums:
-        raise ValueError(f"{tokens_jsonl}: no tokens")
-    keys = list(sums)
-    s = np.array([sums[k] for k in keys])
-    n = np.array([counts[k] for k in keys], dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(keys), size=(resamples, len(keys)))
-    boot = s[idx].sum(axis=1) / n[idx].sum(axis=1)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return float(low), float(high), float(s.sum() / n.sum())
 
 
 def collect(work, mode, models):
