@@ -56,9 +56,13 @@ Usage::
     reads.total, reads.by_op  # int, Counter of op names
 """
 
+import contextlib
+import os
+import traceback
+import warnings
 import weakref
 from collections import Counter
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -213,3 +217,123 @@ def describe(counts: Optional[Counter]) -> str:
         return "0"
     return f"{sum(counts.values())} (" + ", ".join(f"{k} {v}" for k, v in
                                                   counts.most_common()) + ")"
+
+
+# --------------------------------------------------------------------------- CUDA
+
+#: what torch's sync debug mode warns (``torch.cuda.set_sync_debug_mode("warn")``)
+SYNC_WARNING = "synchroniz"
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_SKIP_FILES = {os.path.abspath(warnings.__file__), os.path.abspath(contextlib.__file__),
+               os.path.abspath(__file__)}
+
+
+def _short(path: str) -> str:
+    """``path`` from its package on (``torch/cuda/__init__.py``, ``fairseq/...``,
+    ``ctx_fairseq/...``, ``tests/...``), else its base name."""
+    parts = os.path.abspath(path).split(os.sep)
+    for anchor in ("ctx_fairseq", "fairseq", "torch", "tests"):
+        if anchor in parts:
+            i = len(parts) - 1 - parts[::-1].index(anchor)
+            return "/".join(parts[i:])
+    return os.path.basename(path)
+
+
+def sync_site(stack) -> Tuple[str, str]:
+    """``(site, where)`` of a synchronisation from the Python stack at its
+    warning (``traceback.extract_stack()``, innermost last): ``where`` is the
+    innermost frame (the Python line that called into torch's C++, as the
+    warning's own file and line give it, e.g. ``torch/cuda/__init__.py:1270``),
+    ``site`` the innermost frame outside torch (the caller's line: the plugin's,
+    fairseq's or the test's own). A synchronisation with no frame outside torch
+    has ``site`` ``"torch"``."""
+    frames = [f for f in stack if os.path.abspath(f.filename) not in _SKIP_FILES]
+    if not frames:
+        return "torch", "?"
+    where = f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
+    for f in reversed(frames):
+        if not os.path.abspath(f.filename).startswith(_TORCH_DIR + os.sep):
+            return f"{_short(f.filename)}:{f.lineno}", where
+    return "torch", where
+
+
+def site_kind(site: str) -> str:
+    """``plugin`` (ctx_fairseq), ``fairseq``, ``torch`` (no frame outside
+    torch) or ``harness`` (anything else: the test's or the counter's code)."""
+    if site.startswith("ctx_fairseq/"):
+        return "plugin"
+    if site.startswith("fairseq/"):
+        return "fairseq"
+    if site == "torch":
+        return "torch"
+    return "harness"
+
+
+class SyncCounter:
+    """Counts the synchronising CUDA calls while active
+    (``torch.cuda.set_sync_debug_mode("warn")``: each warns once), each by its
+    site (:func:`sync_site`): ``by_op`` counts ``site <- where`` keys, e.g.
+    ``fairseq/criterions/label_smoothed_cross_entropy.py:80 <- torch/_tensor.py:40``.
+    The stack of each warning is taken when it is shown (``warnings.showwarning``),
+    so a synchronisation inside torch's own Python code (a line of an
+    ``__init__.py``) is attributed to the line of the plugin, of fairseq or of
+    the test that called it. ``cuda=False``: no sync debug mode (records
+    ``warnings.warn`` calls whose message says "synchroniz": the CPU tests of
+    the attribution)."""
+
+    def __init__(self, cuda: bool = True):
+        self.cuda = cuda
+        self.sites: List[Tuple[str, str]] = []
+
+    def __enter__(self):
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("always")
+        shown = warnings.showwarning
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            if SYNC_WARNING in str(message):
+                self.sites.append(sync_site(traceback.extract_stack()[:-1]))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = showwarning
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            if self.cuda:
+                torch.cuda.set_sync_debug_mode(0)
+        finally:
+            self._warnings.__exit__(*exc)
+
+    @property
+    def by_op(self) -> Counter:
+        return Counter(f"{site} <- {where}" if where != site else site
+                       for site, where in self.sites)
+
+
+def every_step(counts: List[Counter]) -> Counter:
+    """The synchronisations that each of several identical steps made: per key,
+    the minimum over the steps (``Counter`` intersection). A step's code path
+    on one batch is the same every time, so a synchronisation it makes is in
+    every step; one that shows in some steps only comes from outside the step's
+    code (the garbage collector, the caching allocator, a once-per-process
+    initialisation) and is reported apart (:func:`intermittent`), not
+    counted against the model."""
+    out = counts[0].copy()
+    for c in counts[1:]:
+        out &= c
+    return out
+
+
+def intermittent(counts: List[Counter]) -> Counter:
+    """Per key, the most any one step made beyond :func:`every_step`."""
+    common = every_step(counts)
+    out: Counter = Counter()
+    for c in counts:
+        out |= c - common
+    return out

@@ -19,7 +19,8 @@ fairseq's ``transformer``, tiny shape (``TINY_MODEL_ARGS``), toy corpus:
 - incremental decoding equals the full forward pass on CUDA in fp32, with a
   beam reorder half way (``|step - full| <= 1e-4 + 1e-4 |full|``);
 - host synchronisations (``torch.cuda.set_sync_debug_mode("warn")``: one
-  warning per synchronising call) of a training step (fp32, and fp16 with
+  warning per synchronising call, counted by site: ``ctx_fairseq.host_reads.SyncCounter``;
+  the training step over 3 steps, those in every step) of a training step (fp32, and fp16 with
   the model cast to half as ``--fp16`` does) and of a beam search: no more than fairseq's transformer of the
   same shape on the same batch (concatenation per decoding step), as the
   CPU count of ``tests/test_host_reads.py`` (whose ``XFAIL`` marks apply
@@ -37,7 +38,6 @@ import json
 import math
 import os
 import re
-import warnings
 
 import pytest
 import torch
@@ -236,29 +236,7 @@ def test_incremental_decoding_equals_full_forward_on_cuda(arch, toy_bin):
 # --------------------------------------------------------------------------- synchronisations
 
 
-class SyncCounter:
-    """Counts the synchronising CUDA calls while active
-    (``torch.cuda.set_sync_debug_mode("warn")``: each warns once), by the
-    Python line that made them (``by_op``, as ``HostReadCounter``)."""
-
-    def __enter__(self):
-        self._warnings = warnings.catch_warnings(record=True)
-        self._caught = self._warnings.__enter__()
-        warnings.simplefilter("always")
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("warn")
-        return self
-
-    def __exit__(self, *exc):
-        torch.cuda.set_sync_debug_mode(0)
-        self._warnings.__exit__(*exc)
-
-    @property
-    def by_op(self):
-        import collections
-
-        return collections.Counter(f"{os.path.basename(w.filename)}:{w.lineno}"
-                                   for w in self._caught if "synchroniz" in str(w.message))
+from ctx_fairseq.host_reads import SyncCounter  # noqa: E402  (by site; CPU-tested)
 
 
 def _sync_params(kind, variants):
@@ -277,31 +255,59 @@ def _sync_params(kind, variants):
     return out
 
 
+#: counted training steps per model (issue 27: one extra synchronisation at torch's
+#: ``__init__.py:1270``, in some runs and architectures only, 4 against 3)
+STEPS = 3
+
+
 @pytest.mark.parametrize("arch,precision", _sync_params("train", ["fp32", "fp16"]))
 def test_training_step_synchronises_no_more_than_transformer(arch, precision, toy_bin):
-    """fp16 as ``fairseq-train --fp16`` runs the model: cast to half."""
+    """fp16 as ``fairseq-train --fp16`` runs the model: cast to half.
+
+    Counted by site (``ctx_fairseq.host_reads.SyncCounter``: the line of the
+    plugin, fairseq or the test that called into torch, beside torch's own
+    line) over ``STEPS`` steps on one batch with the garbage collector off; a
+    synchronisation the model's code makes is in every step (one batch, one
+    code path), so the model is held to those (``every_step``) and the ones
+    seen in some steps only (issue 27's ``__init__.py:1270``, which came and
+    went between runs and architectures) are printed, not counted."""
+    import gc
+
     from fairseq import utils
     from test_host_reads import _Backward, plain
 
-    from ctx_fairseq.host_reads import describe
+    from ctx_fairseq.host_reads import describe, every_step, intermittent
 
     s = _setup(toy_bin, arch)
     sample = utils.move_to_cuda(s.train_batch())
 
     def syncs(model, batch):
+        """Each of STEPS counted steps (after a warm-up), the garbage collector
+        off while counting: the synchronisations made in every step, and those
+        made in some only (``every_step`` / ``intermittent``)."""
         model = model.cuda().train()
         if precision == "fp16":
             model.half()
         s.task.train_step(batch, model, s.criterion, _Backward(), 0)  # warm-up
-        model.zero_grad(set_to_none=True)
-        with SyncCounter() as c:
-            s.task.train_step(batch, model, s.criterion, _Backward(), 0)
-        return c.by_op
+        counts = []
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(STEPS):
+                model.zero_grad(set_to_none=True)
+                with SyncCounter() as c:
+                    s.task.train_step(batch, model, s.criterion, _Backward(), 0)
+                counts.append(c.by_op)
+        finally:
+            gc.enable()
+        return every_step(counts), intermittent(counts)
 
-    mine, base = syncs(s.model, sample), syncs(s.transformer, plain(sample))
+    (mine, mine_odd), (base, base_odd) = syncs(s.model, sample), syncs(s.transformer,
+                                                                       plain(sample))
     assert sum(mine.values()) <= sum(base.values()), (
-        f"{arch} ({precision}): a training step synchronises {describe(mine)}; the "
-        f"transformer {describe(base)}")
+        f"{arch} ({precision}): every training step synchronises {describe(mine)}; the "
+        f"transformer {describe(base)}; in some of {STEPS} steps only: {describe(mine_odd)} "
+        f"(transformer {describe(base_odd)})")
 
 
 @pytest.mark.parametrize("arch,precision", _sync_params("beam", ["fp32"]))

@@ -325,3 +325,64 @@ def test_beam_search_reads_no_more_than_transformer(arch, toy_bin, record_proper
             f"{arch}: beam search over {len(BEAM_SENTENCES)} sentences ({steps} decoding "
             f"steps) reads {describe(reads)} from the host; the transformer on the same "
             f"sentences {describe(base)}")
+
+
+# --------------------------------------------------------------------------- CUDA counter
+
+
+def _in_torch(body: str, name: str = "f"):
+    """A function whose code is at ``torch/cuda/__init__.py`` (line 2 on), as
+    torch's own Python code that calls into C++."""
+    import os
+    import warnings
+
+    path = os.path.join(os.path.dirname(torch.__file__), "cuda", "__init__.py")
+    scope = {"warnings": warnings, "torch": torch}
+    exec(compile(f"def {name}(*a):\n" + body, path, "exec"), scope)
+    return scope[name]
+
+
+def test_sync_counter_attributes_a_sync_to_the_caller_outside_torch():
+    """Issue 27: ``tests/test_cuda.py`` named a synchronisation by the line the
+    warning gives (``__init__.py:1270``: torch's own code). ``SyncCounter``
+    keeps that line and names the caller outside torch, here this test."""
+    import inspect
+
+    from ctx_fairseq.host_reads import SyncCounter, site_kind
+
+    f = _in_torch("    warnings.warn('called a synchronizing CUDA operation')\n")
+    with SyncCounter(cuda=False) as c:
+        line = inspect.currentframe().f_lineno + 1
+        f()
+        __import__("warnings").warn("something else")  # not a synchronisation: not counted
+    assert c.by_op == Counter({f"tests/test_host_reads.py:{line} <- torch/cuda/__init__.py:2": 1})
+    assert site_kind("ctx_fairseq/modules/x.py:3") == "plugin"
+    assert site_kind("fairseq/utils.py:9") == "fairseq"
+    assert site_kind("torch") == "torch" and site_kind("tests/test_cuda.py:1") == "harness"
+
+
+def test_sync_counter_takes_the_stack_of_warnings_from_cpp(monkeypatch):
+    """The sync debug mode warns from C++ (``TORCH_WARN``): such a warning is
+    shown with the Python stack of the call, so its site is found as a Python
+    one's. A C++ warning of the CPU stands for it here (a resized ``out=``)."""
+    import inspect
+
+    from ctx_fairseq import host_reads
+
+    monkeypatch.setattr(host_reads, "SYNC_WARNING", "resized")
+    f = _in_torch("    torch.add(a[0], a[0], out=a[1])\n")
+    with host_reads.SyncCounter(cuda=False) as c:
+        line = inspect.currentframe().f_lineno + 1
+        f(torch.ones(3), torch.empty(5))
+    assert c.by_op == Counter({f"tests/test_host_reads.py:{line} <- torch/cuda/__init__.py:2": 1})
+
+
+def test_every_step_and_intermittent_syncs():
+    from ctx_fairseq.host_reads import every_step, intermittent
+
+    steps = [Counter({"a": 2, "b": 1}), Counter({"a": 2, "b": 1, "t": 1}),
+             Counter({"a": 2, "b": 1})]
+    assert every_step(steps) == Counter({"a": 2, "b": 1})
+    assert intermittent(steps) == Counter({"t": 1})
+    assert every_step([Counter({"a": 3}), Counter({"a": 2})]) == Counter({"a": 2})
+    assert intermittent([Counter({"a": 3}), Counter({"a": 2})]) == Counter({"a": 1})
