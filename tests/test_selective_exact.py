@@ -1,16 +1,27 @@
-"""The selective attention's word level is exact by default: a token's result
-does not depend on the formulation the shapes pick (per query sentence or per
-token), on the batch it is in, nor on incremental decoding (one token at a
-time), also when the Eq. 3 support is larger than any fixed capacity. The
-opt-in capacity (``word_capacity`` > 0) is an approximation whose overflow is
-counted."""
+"""The selective attention's word level is exact and streamed
+(:mod:`ctx_fairseq.modules.word_attention`): a token's result does not depend
+on the layout (per query sentence or per document), on the blocks and tiles,
+on incremental decoding, nor, bitwise, on the other documents of its batch;
+its FLOPs are the formula of docs/transformer_selective_doc.md and its memory
+grows linearly with the document; its attention dropout's backward is the
+gradient of its forward."""
+
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
 
 from ctx_fairseq.modules.selective_attention import WORD_CAPACITY, HierarchicalContextAttention
+from ctx_fairseq.modules.word_attention import _StreamedWordAttention
 
 C, H, S, L = 64, 4, 60, 6
+MODES = [("hierarchical", "sparsemax", "softmax"), ("hierarchical", "sparsemax", "sparsemax"),
+         ("hierarchical", "softmax", "softmax"), ("flat-word", "softmax", "softmax"),
+         ("flat-sentence", "softmax", "softmax")]
+IDS = ["sparse-soft", "sparse-sparse", "soft-soft", "flat-word", "flat-sentence"]
 
 
 def _memory(m):
@@ -21,52 +32,237 @@ def _memory(m):
     return m.project_memory(keys, keys, mask, torch.zeros(S, dtype=torch.long), torch.arange(S))
 
 
-def _run(m, q):
+def _run(m, q, grouped):
     mem = _memory(m)
     qd, qp = torch.zeros(1, dtype=torch.long), torch.tensor([S])  # online: sees all S sentences
-    return m(q, mem, qd, qp, True, return_stats=True)
+    kw = {"query_groups": m.group_queries(mem, qd)} if grouped else {}
+    return m(q, mem, qd, qp, True, return_stats=True, **kw)
 
 
-def test_default_has_no_capacity():
+def test_the_capacity_is_gone():
     assert WORD_CAPACITY == 0
-    with pytest.raises(ValueError, match="word_capacity"):
-        HierarchicalContextAttention(C, H, word_capacity=-1)
+    with pytest.raises(ValueError, match="removed"):
+        HierarchicalContextAttention(C, H, word_capacity=4)
 
 
-@pytest.mark.parametrize("dense_elems", [1 << 28, 0])  # per query sentence / per token
-def test_one_token_at_a_time_equals_the_whole_sentence(dense_elems):
+@pytest.mark.parametrize("grouped", [False, True], ids=["per-sentence", "per-document"])
+def test_one_token_at_a_time_equals_the_whole_sentence(grouped):
+    """Incremental decoding (one query token per step, per query sentence)
+    equals the whole sentence's forward in either layout, with a support of
+    more than 32 sentences (wider than any old capacity)."""
     torch.manual_seed(0)
-    m = HierarchicalContextAttention(C, H, dense_elems=dense_elems).double().eval()
+    m = HierarchicalContextAttention(C, H).double().eval()
     q = torch.randn(3, 1, C, dtype=torch.double)
     with torch.no_grad():
-        full, info = _run(m, q)
-        assert float(info["sentence_support"]) > 32  # wider than the old fixed capacity
+        full, info = _run(m, q, grouped)
+        assert float(info["sentence_support"]) > 32
         assert float(info["word_overflow_sum"]) == 0
         for t in range(3):
-            step, _ = _run(m, q[t:t + 1])
+            step, _ = _run(m, q[t:t + 1], False)
             torch.testing.assert_close(step[0], full[t], rtol=0, atol=1e-12)
 
 
-def test_both_formulations_agree_in_value_and_gradient():
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_blocks_and_tiles_do_not_change_the_result(mode):
     outs = []
-    for dense_elems in (1 << 28, 0):
+    for block, tile in ((32, 1 << 23), (1, 1), (7, 50), (64, 1 << 10)):
         torch.manual_seed(0)
-        m = HierarchicalContextAttention(C, H, dense_elems=dense_elems).double()
-        q = torch.randn(2, 1, C, dtype=torch.double, requires_grad=True)
-        out, _ = _run(m, q)
+        m = HierarchicalContextAttention(C, H, *mode, word_block=block, tile_elems=tile).double()
+        q = torch.randn(3, 1, C, dtype=torch.double, requires_grad=True)
+        out, _ = _run(m, q, True)
         out.sum().backward()
         outs.append((out.detach(), q.grad, [p.grad for p in m.parameters()]))
-    (o1, g1, p1), (o2, g2, p2) = outs
-    torch.testing.assert_close(o1, o2, rtol=0, atol=1e-12)
-    torch.testing.assert_close(g1, g2, rtol=0, atol=1e-12)
-    for a, b in zip(p1, p2):
-        if a is not None or b is not None:
+    for o, g, p in outs[1:]:
+        torch.testing.assert_close(o, outs[0][0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(g, outs[0][1], rtol=0, atol=1e-12)
+        for a, b in zip(p, outs[0][2]):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
-def test_opt_in_capacity_counts_its_overflow():
+def _doc(g, n, width, words):
+    """``n`` sentences of at most ``words`` real words, padded to ``width``."""
+    keys = torch.randn(n, width, 32, generator=g)
+    lens = torch.randint(1, words + 1, (n,), generator=g)
+    mask = torch.arange(width)[None] < lens[:, None]
+    mask[n // 3] = False  # a sentence without words
+    return keys, mask
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["per-sentence", "per-document"])
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode, grouped):
+    """Float32, CPU: the outputs and query gradients of document A's
+    sentences are bitwise the same alone and beside a document B with more
+    sentences, longer memory sentences (L), longer queries (T) and more query
+    sentences (the batch's S_max, L, T, B, D and query groups all change)."""
     torch.manual_seed(0)
-    m = HierarchicalContextAttention(C, H, word_capacity=4, dense_elems=0).double().eval()
+    m = HierarchicalContextAttention(32, 4, *mode, sentence_distance=3)
     with torch.no_grad():
-        _, info = _run(m, torch.randn(2, 1, C, dtype=torch.double))
-    assert float(info["word_overflow_sum"]) > 0
+        m.distance_bias.normal_()
+    g = torch.Generator().manual_seed(1)
+    kA, mA = _doc(g, 40, 6, 6)
+    kB, mB = _doc(g, 100, 11, 11)
+    qA = torch.randn(5, 10, 32, generator=g)
+    qB = torch.randn(9, 20, 32, generator=g)
+    kA2 = torch.cat([kA, torch.zeros(40, 5, 32)], 1)
+    mA2 = torch.cat([mA, torch.zeros(40, 5, dtype=torch.bool)], 1)
+    q2 = torch.zeros(9, 30, 32)
+    q2[:5, :10], q2[:, 10:] = qA, qB
+    batches = [
+        (kA, mA, torch.zeros(40, dtype=torch.long), torch.arange(40), qA,
+         torch.zeros(10, dtype=torch.long), torch.arange(30, 40)),
+        (torch.cat([kA2, kB]), torch.cat([mA2, mB]),
+         torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(100, dtype=torch.long)]),
+         torch.cat([torch.arange(40), torch.arange(100)]), q2,
+         torch.cat([torch.zeros(10, dtype=torch.long), torch.ones(20, dtype=torch.long)]),
+         torch.cat([torch.arange(30, 40), torch.arange(80, 100)])),
+    ]
+    res = []
+    for keys, mask, doc, pos, q, qd, qp in batches:
+        q = q.clone().requires_grad_()
+        pm = m.project_memory(keys, keys, mask, doc, pos)
+        kw = {"query_groups": m.group_queries(pm, qd)} if grouped else {}
+        out, _ = m(q, pm, qd, qp, True, **kw)
+        out[:5, :10].sum().backward()
+        res.append((out[:5, :10].detach(), q.grad[:5, :10]))
+    assert torch.equal(res[0][0], res[1][0])
+    assert torch.equal(res[0][1], res[1][1])
+
+
+def _layer_inputs(n_sent, B=8, T=6, Lw=8, C_=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(n_sent, Lw, C_, generator=g)
+    mask = torch.ones(n_sent, Lw, dtype=torch.bool)
+    q = torch.randn(T, B, C_, generator=g)
+    qd = torch.zeros(B, dtype=torch.long)
+    qp = torch.arange(n_sent - B, n_sent) + 1
+    return keys, mask, torch.zeros(n_sent, dtype=torch.long), torch.arange(n_sent), q, qd, qp
+
+
+@pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=["hierarchical", "flat-word"])
+def test_flops_are_the_documented_formula(mode):
+    """Matrix-product FLOPs of the word level (docs/transformer_selective_doc.md):
+    forward ``4 B T S_pad L C``, backward ``10 B T S_pad L C`` (scores and
+    ``g . v`` recomputed; dq, dk, dv), ``S_pad`` the memory index rounded up
+    to whole blocks; the other products (projections, Eq. 3) do not grow
+    with ``L`` this way."""
+    B, T, Lw, C_, n = 8, 6, 8, 16, 100
+    keys, mask, doc, pos, q, qd, qp = _layer_inputs(n, B, T, Lw, C_)
+    res = {}
+    for words in (Lw, 2 * Lw):  # the word level's share: the difference in L
+        torch.manual_seed(0)
+        m = HierarchicalContextAttention(C_, 2, *mode)
+        k = torch.cat([keys, keys], 1)[:, :words]
+        mk = torch.cat([mask, mask], 1)[:, :words]
+        pm_args = (k, k, mk, doc, pos)
+        qq = q.clone().requires_grad_()
+        with FlopCounterMode(display=False) as fwd:
+            pm = m.project_memory(*pm_args)
+            out, _ = m(qq, pm, qd, qp, True, query_groups=m.group_queries(pm, qd))
+        with FlopCounterMode(display=False) as bwd:
+            out.sum().backward()
+        res[words] = (fwd.get_total_flops(), bwd.get_total_flops())
+    s_pad = -(-n // 32) * 32
+    per_word = B * T * s_pad * C_  # B T S_pad C per memory word column
+    proj = 2 * n * Lw * C_ * C_ * 2  # K_w and V projections of the extra L columns
+    assert res[2 * Lw][0] - res[Lw][0] == 4 * per_word * Lw + proj
+    # (the memory is an input without gradient: its projections' backward is
+    # their weights' gradient only)
+    assert res[2 * Lw][1] - res[Lw][1] == 10 * per_word * Lw + proj
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of the tensors ops produce that are alive at once (a tensor
+    counts until its Python object is collected)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.held = {}
+
+    def _release(self, key):
+        self.live -= self.held.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                st = t.untyped_storage()
+                key = (st.data_ptr(), st.nbytes())
+                if key[1] == 0 or key in self.held:
+                    continue
+                self.held[key] = key[1]
+                self.live += key[1]
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._release, key)
+        return out
+
+
+@pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=["hierarchical", "flat-word"])
+def test_memory_grows_linearly_with_the_document(mode):
+    """A small layer (C 16, H 2), 8 query sentences of 6 tokens at the end of
+    a document of 100, 300 and 1,000 sentences of 16 words: the peak bytes of
+    a forward and backward stay below the documented bound ``24 S L C + 40 B
+    H T S_pad + 48 x tile`` (one more float32 tensor of the word scores'
+    size, ``4 B H T S L`` bytes, would break it at 1,000 sentences) and grow
+    linearly (the slopes per sentence within 1.5x)."""
+    peaks = {}
+    B, T, Lw, C_, H_ = 8, 6, 16, 16, 2
+    for n in (100, 300, 1000):
+        keys, mask, doc, pos, q, qd, qp = _layer_inputs(n, B, T, Lw, C_)
+        torch.manual_seed(0)
+        m = HierarchicalContextAttention(C_, H_, *mode)
+        tracker = LiveBytes()
+        with tracker:
+            qq = q.clone().requires_grad_()
+            pm = m.project_memory(keys, keys, mask, doc, pos)
+            out, _ = m(qq, pm, qd, qp, True, query_groups=m.group_queries(pm, qd))
+            out.sum().backward()
+        s_pad = -(-n // m.word_block) * m.word_block
+        tile = min(m.tile_elems, B * H_ * T * m.word_block * Lw)
+        bound = 24 * n * Lw * C_ + 40 * B * H_ * T * s_pad + 48 * tile
+        assert tracker.peak <= bound, (n, tracker.peak, bound)
+        if n == 1000:
+            assert bound < tracker.peak + 4 * B * H_ * T * n * Lw
+        peaks[n] = tracker.peak
+    slopes = [(peaks[300] - peaks[100]) / 200, (peaks[1000] - peaks[300]) / 700]
+    assert max(slopes) <= 1.5 * min(slopes), (peaks, slopes)
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["hierarchical", "flat-word"])
+@pytest.mark.parametrize("word_attn", ["softmax", "sparsemax"])
+def test_dropout_backward_is_the_gradient_of_the_forward(flat, word_attn):
+    """With attention dropout the mask is drawn per tile from a seed; the
+    backward regenerates it: ``gradcheck`` (float64) of the streamed word
+    level with a fixed seed, several tiles and blocks."""
+    if flat and word_attn == "sparsemax":
+        pytest.skip("flat-word is a softmax")
+    g = torch.Generator().manual_seed(0)
+    G_, H_, M, d, S_, Lw, J = 2, 2, 3, 4, 5, 3, 4
+    q = torch.randn(G_, H_, M, d, generator=g, dtype=torch.double, requires_grad=True)
+    k = torch.randn(S_, H_, Lw, d, generator=g, dtype=torch.double, requires_grad=True)
+    v = torch.randn(S_, H_, Lw, d, generator=g, dtype=torch.double, requires_grad=True)
+    index = torch.tensor([[0, 1, 2, 3], [4, 3, 0, 0]])
+    mask = torch.ones(S_, Lw, dtype=torch.bool)
+    mask[1, 2] = False
+    if flat:
+        w = torch.randn(G_, H_, M, J, generator=g, dtype=torch.double)
+        w[1, :, :, 2:] = float("-inf")
+    else:
+        w = torch.rand(G_, H_, M, J, generator=g, dtype=torch.double)
+        w[1, :, :, 2:] = 0.0
+    w.requires_grad_()
+
+    def f(q, k, v, w):
+        return _StreamedWordAttention.apply(q, k, v, w, index, mask, flat, word_attn, 2, 5,
+                                            0.3, 1234, False)[0]
+
+    out = f(q, k, v, w)
+    assert (out != f(q, k, v, w) * 0).any()  # some weights are kept
+    assert torch.equal(out, f(q, k, v, w))  # the same seed: the same mask
+    finite_w = not flat  # -inf entries are not differentiable inputs for gradcheck
+    if finite_w:
+        assert torch.autograd.gradcheck(f, (q, k, v, w), eps=1e-6, atol=1e-5)
+    else:
+        assert torch.autograd.gradcheck(lambda q, k, v: f(q, k, v, w), (q, k, v),
+                                        eps=1e-6, atol=1e-5)

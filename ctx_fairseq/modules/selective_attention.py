@@ -570,10 +570,12 @@ class HierarchicalContextAttention(nn.Module):
         else:
             rows, valid, vis = self.query_layout(memory, query_doc, query_pos, online)
             doc_rows = memory.doc_rows
+            s_real = s_max  # reported weights: the memory index's own width
             extra = -s_max % self.word_block
             if extra:  # whole blocks: a sentence's result must not depend on the batch's S_max
-                rows, valid, vis, doc_rows = (nn.functional.pad(x, (0, extra))
-                                              for x in (rows, valid, vis, doc_rows))
+                rows, valid, vis = (nn.functional.pad(x, (0, extra)) for x in (rows, valid, vis))
+                if query_groups is not None:
+                    doc_rows = nn.functional.pad(doc_rows, (0, extra))
                 s_max += extra
             has_context = vis.any(1)
             tok = real_tok & has_context.unsqueeze(1)  # B x T: tokens counted in stats
@@ -597,14 +599,18 @@ class HierarchicalContextAttention(nn.Module):
             else:
                 o, a_g, nnz = self._flat_word(q_w, memory, lay, vis_g, bias_g, want_sent)
             a_s = lay.ungroup(a_g.detach()) if want_sent else None  # B x H x T x S_max
-            a_w = None
-            if want_word_w:
-                a_w = self._dense_word_weights(lay.ungroup(q_w), memory, rows, a_s, vis, bias)
             st = None
             if return_stats:
                 st = self._stats(vis, tok, a_s != 0,
                                  lay.ungroup(nnz) if nnz is not None else None,
                                  torch.zeros_like(tok.unsqueeze(1).expand(B, H, T)))
+            if want_sent:
+                a_s = a_s[..., :s_real]
+            rows, valid, vis = rows[:, :s_real], valid[:, :s_real], vis[:, :s_real]
+            a_w = None
+            if want_word_w:
+                a_w = self._dense_word_weights(lay.ungroup(q_w), memory, rows, a_s, vis,
+                                               bias[..., :s_real] if bias is not None else None)
             o = lay.ungroup(o).permute(2, 0, 1, 3)  # T x B x H x d
             out = self.out_proj(o.reshape(T, B, C))
             out = out.masked_fill(~has_context.view(1, B, 1), 0.0)
