@@ -378,26 +378,27 @@ def test_selective_statistics(name, toy_bin):
     assert n == n_th and over == float(info["word_overflow_sum"]) == 0.0
 
 
-def test_selective_word_overflow_is_logged(toy_bin):
-    """Above the word level's opt-in capacity (--doc-word-capacity 1, on the
-    per-token path), the (token, head) pairs whose support holds more
-    sentences are counted: ``word_overflow`` is their share, as the layer
-    counts them, on the device."""
-    _, model, ctx, sample = _setup(toy_bin, [*CONFIGS["selective_enc"][0],
-                                             "--doc-word-capacity", "1"])
-    attn = model._context_part().context_layer.context_attn
-    attn.dense_elems = 0  # the per-query formulation (exact) does not fit: per token
+def test_selective_word_capacity_is_exact_now(toy_bin, caplog):
+    """The removed opt-in capacity (--doc-word-capacity 1, from an old command
+    line or checkpoint) builds the exact model, with a warning: the word level
+    is streamed over every sentence, ``word_overflow`` is 0 and the loss is
+    the model's without the option."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        _, model, ctx, sample = _setup(toy_bin, [*CONFIGS["selective_enc"][0],
+                                                 "--doc-word-capacity", "1"])
+    assert "capacity was removed" in caplog.text
+    assert model._context_part().context_layer.context_attn.word_capacity == 0
+    _, plain, _, _ = _setup(toy_bin, CONFIGS["selective_enc"][0])
+    plain.load_state_dict(model.state_dict())
     model.eval()
-    _, _, log = ctx(model, sample)
-    part = model._context_part()
-    part.record_stats = True
-    model(**sample["net_input"])
-    part.record_stats = False
+    plain.eval()
+    loss, _, log = ctx(model, sample)
+    loss_plain, _, _ = ctx(plain, sample)
+    assert float(loss) == float(loss_plain)
     over, n = _stat(log, "word_overflow")
-    assert over == float(part.last_info["word_overflow_sum"]) > 0
-    assert n == float(part.last_info["num_token_heads"]) >= over
-    support, _ = _stat(log, "sent_support")
-    assert support > n  # some (token, head) selected more than one sentence
+    assert over == 0.0 and n > 0
 
 
 # --------------------------------------------------------------------------- aggregation
