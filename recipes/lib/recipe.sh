@@ -126,7 +126,7 @@ step_reads() {
 # step NAME FUNCTION [ARGS...]: run FUNCTION unless NAME is done with the same
 # settings (a done step with other settings: an error, see the top of this file).
 step() {
-    local name=$1 marker rc record sum reads old_reads v1
+    local name=$1 marker rc record sum reads old_reads v1 t0
     shift
     marker="$WORK/.done/$name"
     if [ -e "$marker" ]; then
@@ -150,6 +150,7 @@ step() {
         _step_mismatch "$name" "$marker" "$record"
     fi
     log "step $name"
+    t0=$(date +%s)
     _STEP_READS_FILE="$marker.reads.part"
     : > "$_STEP_READS_FILE" || die "cannot write $_STEP_READS_FILE"
     set +e
@@ -159,7 +160,7 @@ step() {
     reads=$(_step_reads_of "$name" "$1" "$(cat "$_STEP_READS_FILE")")
     rm -f "$_STEP_READS_FILE"
     _STEP_READS_FILE=""
-    [ "$rc" -eq 0 ] || die "step $name failed (exit $rc); fix the cause and re-run: finished steps are skipped"
+    [ "$rc" -eq 0 ] || { _step_show_logs "$t0"; die "step $name failed (exit $rc); fix the cause and re-run: finished steps are skipped"; }
     record=$(_step_record "$reads" "$@") || exit 1
     sum=$(_step_sum "$record")
     # shellcheck disable=SC2016  # a literal $WORK
@@ -169,6 +170,17 @@ step() {
         rm -f "$marker.part"
         die "step $name: cannot write its marker $marker"
     fi
+}
+
+# _step_show_logs T0: the last lines of every log in $WORK/logs written since T0 (epoch
+# seconds), on standard error: a failed step's reason (fairseq's output goes to its log and
+# standard output, which a caller keeping standard error alone would not see).
+_step_show_logs() {
+    local f
+    while IFS= read -r f; do
+        printf '[%s] --- the last 30 lines of %s:\n' "${RECIPE_NAME:-recipe}" "$f" >&2
+        tail -n 30 "$f" >&2
+    done < <(find "$WORK/logs" -maxdepth 1 -type f -newermt "@$1" 2> /dev/null | sort)
 }
 
 _step_sum() {
