@@ -130,3 +130,23 @@ def test_fairseq_train_refuses_on_one_line(toy_bin, tmp_path):
     assert r.stderr.strip().splitlines()[-1].endswith(
         "error: unrecognized arguments: --sample-context-size 1")
     assert not save.exists()
+
+
+def test_fairseq_train_document_task_without_context(toy_bin, tmp_path):
+    """The document task with no context: fairseq-train stops before writing
+    anything, its last line the task's message (fairseq-train prints the
+    traceback of a task's ValueError above it)."""
+    import subprocess
+    import sys
+
+    save = tmp_path / "ckpt"
+    r = subprocess.run([sys.executable, "-m", "fairseq_cli.train", toy_bin, "--user-dir",
+                        "ctx_fairseq", "--task", "document_translation", "--source-context-size",
+                        "0", "--sample-context-size", "1", "--arch", "transformer",
+                        "--max-tokens", "500", "--save-dir", str(save), "--max-update", "1"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1] == (
+        "ValueError: --sample-context-size 1 on a sentence-level setting (--source-context-size "
+        "and --target-context-size 0): there is no context to size")
+    assert not save.exists()
