@@ -21,7 +21,7 @@ def run_json(capsys, argv):
 def test_baseline_against_itself(capsys):
     report = run_json(capsys, ["--archs", "transformer", *TINY])
     assert set(report) == {"device", "shape", "results", "precision", "peak_tflops",
-                           "peak_tflops_source"}
+                           "peak_tflops_source", "training_step"}
     assert report["precision"] == "fp32" and report["peak_tflops"] is None
     assert report["shape"]["batch_size"] == 8 and report["shape"]["layers"] == 1
     a, b = report["results"]
@@ -61,8 +61,9 @@ def test_table_and_markdown_output(capsys, tmp_path):
     saved.write_text(json.dumps(report))
     bench.cli_main(["--from-json", str(saved), "--markdown"])
     md = capsys.readouterr().out.splitlines()
-    assert md[0].startswith("| arch | params") and len(md) == 6 and "infer FLOPs bound" in md[0]
-    assert md[-1].startswith("precision: fp32; MFU: -, no peak known for the CPU")
+    assert md[0].startswith("| arch | params") and len(md) == 7 and "infer FLOPs bound" in md[0]
+    assert md[-2].startswith("precision: fp32; MFU: -, no peak known for the CPU")
+    assert md[-1].startswith("training step: forward, label-smoothed cross-entropy")
     assert md[2].startswith("| `transformer` |") and "| 1.000 |" in md[2]
 
 

@@ -592,7 +592,17 @@ class Bench:
                 "infer_sentences_per_s_repeats": e["infer"],
             })
         return {"device": self.device_name(), "shape": self.shape(), "precision": self.precision(),
-                "peak_tflops": peak, "peak_tflops_source": peak_source, "results": results}
+                "peak_tflops": peak, "peak_tflops_source": peak_source,
+                "training_step": self.training_step_note(), "results": results}
+
+    def training_step_note(self) -> str:
+        """What the timed training step is, where it differs from fairseq-train's."""
+        note = "forward, label-smoothed cross-entropy, backward, torch.optim.Adam step"
+        if self.args.fp16:
+            note += ("; fp16: autocast with fp32 weights and a GradScaler (fairseq-train "
+                     "--amp), not --fp16's half-precision model with fp32 master weights "
+                     "(FP16Optimizer)")
+        return note
 
     def dry_run(self, specs: List[str], log=print) -> Dict:
         """``--dry-run``: every argument checked and every model and measured
@@ -735,7 +745,8 @@ def _peak_note(report: Dict) -> List[str]:
     text = (f"MFU: achieved TFLOP/s (counted FLOPs of forward + backward, or of the beam "
             f"search, over the median time) / {peak:g} TFLOP/s, {report['peak_tflops_source']}"
             if peak else f"MFU: -, {report['peak_tflops_source']}")
-    return ["", f"precision: {report.get('precision')}; {text}"]
+    step = [f"training step: {report['training_step']}"] if report.get("training_step") else []
+    return ["", f"precision: {report.get('precision')}; {text}", *step]
 
 
 def _setting_notes(report: Dict) -> List[str]:
