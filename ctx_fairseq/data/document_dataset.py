@@ -34,7 +34,12 @@ sentences from its start; :meth:`DocumentContextDataset._memory_donors`) and
 ``random`` memory sentences of random tokens, the query itself encoded from
 its own tokens in both.
 
-Context and CoWord dropout (Fernandes et al. 2021, Sec. 5; training split
+Sampled context size (Fernandes et al. 2021; training split only,
+:meth:`DocumentContextDataset.context_cap`): per sentence and epoch a size k
+uniform on ``0..sample_context_size``, the sentence keeping its k nearest
+previous context sentences; a fixed ``context_size`` N does the same for every
+sentence (scoring: ``ctx-cxmi --context-size``). Context dropout (this
+repository's) and CoWord dropout (Fernandes et al. 2021, Sec. 5; training split
 only, :meth:`DocumentContextDataset.dropout_draws`): with probability
 ``context_dropout`` a sentence's whole context is dropped, exactly the empty
 context a document's first sentence gets (empty ``src_ctx``/``tgt_ctx`` rows;

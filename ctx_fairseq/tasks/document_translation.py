@@ -19,11 +19,21 @@ Options (besides those of ``translation``):
     random document position, or random tokens (deterministic for ``--seed``).
     With ``--document-memory``: another document's memory, or memory
     sentences of random tokens.
+``--sample-context-size K``
+    training only (Fernandes et al. 2021; contextual-mt's option of that
+    name): per sentence and epoch only its ``k`` nearest previous context
+    sentences are kept, ``k`` uniform on ``0..K``, one draw for both sides
+    (:meth:`DocumentContextDataset.context_cap`), so that the empty context
+    of CXMI and every size up to ``K`` are in distribution. Bounded context
+    of previous sentences only (not a document memory).
 ``--context-dropout P`` / ``--coword-dropout P``
-    training only (Fernandes et al. 2021): each sentence's whole context is
+    training only. Context dropout (this repository's option; the same as the
+    sampled size only for one context sentence and ``P = 0.5``): each
+    sentence's whole context is
     dropped with probability ``P`` (it gets the empty context of a
     document's first sentence; with ``--document-memory`` it sees no memory
-    sentence), so one model serves with and without context; each token (BPE
+    sentence), so one model serves with and without context. CoWord dropout
+    (Fernandes et al. 2021, Sec. 5, who replace by ``<mask>``): each token (BPE
     unit) of the current source sentence is replaced by ``<unk>`` with probability
     ``P`` (never ``</s>``). Drawn per sentence and epoch from the seed
     (:meth:`DocumentContextDataset.dropout_draws`), reproducible and
