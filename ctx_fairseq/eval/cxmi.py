@@ -29,21 +29,27 @@ Here, for one checkpoint and one binarized split with document ids:
     * ``shuffled``, ``random``: the task's ``--context-ablation`` (another
       document position's real context; random tokens in place of the context
       words), seeded by the checkpoint's ``--seed``;
-    * ``none``: every sentence made a document of its own
-      (``DocumentTranslationTask.wrap`` with one document id per sentence), so each
-      gets the empty context the first sentence of a document gets; for
-      ``--concat-context`` the sentence alone.
+    * ``none``: the empty context, the context cut to 0 sentences (the
+      dataset's ``context_size=0``), the input a document's first sentence
+      gets; for ``--concat-context`` the sentence alone; a document memory:
+      every sentence made a document of its own.
 
 ``P-CXMI(t) = lp_true[i, t] - lp_cond[i, t]`` per token; a word's P-CXMI is the
-sum over its subword tokens (the log-probability of the word);
-``cxmi = sum P-CXMI / target tokens`` (nats per target token; ``cxmi_sentence``
-divides by the sentences instead, the paper's normalisation). Positive: the
-true context makes the reference more likely.
+sum over its subword tokens (the log-probability of the word).
 
-A model trained without context dropout sees ``none`` out of distribution for
-every sentence but a document's first (``prev`` context): its ``none`` number
-mixes context use with that shift, so ``shuffled`` (real, fluent, wrong
-context) is printed beside it and is the number to report.
+The headline ``cxmi`` is the paper's: the true context against the empty one
+(``none``), normalised as the paper's released code (neulab/contextual-mt)
+does, the mean over sentences of the per-sentence mean token log-probability
+difference; ``cxmi_per_token`` (sum / target tokens) and
+``cxmi_per_sentence_sum`` (sum / sentences) beside it. Intervals are a
+document block bootstrap (:func:`doc_bootstrap`: documents resampled whole;
+none below ``MIN_BOOTSTRAP_DOCS`` documents, with a note). ``--context-size N``
+scores the true context at N previous sentences (at most the checkpoint's
+trained K: its ``--sample-context-size``, else its context size); ``--curve``
+gives CXMI at every size ``0..K``. ``shuffled`` and ``random`` are sensitivity
+checks (Voita et al. 2018; Kim et al. 2019), not the paper's CXMI. The empty
+context is in distribution only for a model trained with a sampled context
+size (or context dropout); otherwise the notes say so.
 
 Every condition is one pass over the task's own batches
 (``task.get_batch_iterator``: the dataset's ``batch_by_size``, ``--max-tokens``
