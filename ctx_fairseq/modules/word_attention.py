@@ -70,7 +70,11 @@ TILE_ELEMS = 1 << 23
 def _compute_dtype(t: Tensor) -> torch.dtype:
     """The dtype an autocast region would compute a matrix product of ``t`` in."""
     dev = t.device.type
-    if torch.is_autocast_enabled(dev) and t.is_floating_point():
+    try:
+        on = torch.is_autocast_enabled(dev)
+    except RuntimeError:  # a device type autocast does not know: no autocast there
+        on = False
+    if on and t.is_floating_point():
         return torch.get_autocast_dtype(dev)
     return t.dtype
 
@@ -182,7 +186,9 @@ class _StreamedWordAttention(torch.autograd.Function):
             t = _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc)
             rs = (slice(g0, g1), slice(None), slice(m0, m1))
             go = grad[rs]
-            dP = _dropout(t.grad_values(go), p_drop, seed, n)  # gq x H x mq x L x n
+            gv = t.grad_values(go)  # gq x H x mq x L x n
+            keep = _keep(gv, p_drop, seed, n)  # the forward's dropout mask (or None)
+            dP = gv if keep is None else gv * keep
             if flat:
                 P = torch.exp(t.flat_logits(low) - lse[rs][..., None, None])
                 ds = P * (dP - D[rs][..., None, None])
@@ -200,7 +206,7 @@ class _StreamedWordAttention(torch.autograd.Function):
                     dp = torch.where(on, dP * t.weight().unsqueeze(-2), dP.new_zeros(()))
                     ds = torch.where(on, dp - dp.sum(-2, keepdim=True)
                                      / on.sum(-2, keepdim=True).clamp(min=1), dp.new_zeros(()))
-            t.accumulate(ds, _dropout(P, p_drop, seed, n), go, dq, dk, dv)
+            t.accumulate(ds, P if keep is None else P * keep, go, dq, dk, dv)
         return ((dq.to(q.dtype) if dq is not None else None),
                 (dk.to(k.dtype) if dk is not None else None),
                 (dv.to(v.dtype) if dv is not None else None),
@@ -208,15 +214,22 @@ class _StreamedWordAttention(torch.autograd.Function):
                 None, None, None, None, None, None, None, None, None)
 
 
-def _dropout(x: Tensor, p: float, seed: int, tile: int) -> Tensor:
-    """``x * mask / (1 - p)``, the mask drawn from ``(seed, tile)`` (the same in
-    both passes)."""
+def _keep(x: Tensor, p: float, seed: int, tile: int) -> Optional[Tensor]:
+    """Tile ``tile``'s dropout mask scaled by ``1 / (1 - p)`` (``x``'s shape and
+    dtype), drawn from a generator seeded by ``(seed, tile)``: the same in the
+    forward and the backward; None when ``p`` is 0."""
     if p <= 0:
-        return x
+        return None
     gen = torch.Generator(device=x.device)
     gen.manual_seed((seed + 1_000_003 * tile) % (1 << 63))
     keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype) >= p
-    return x * keep / (1 - p)
+    return keep.to(x.dtype).div_(1 - p)
+
+
+def _dropout(x: Tensor, p: float, seed: int, tile: int) -> Tensor:
+    """``x`` times tile ``tile``'s dropout mask (:func:`_keep`)."""
+    keep = _keep(x, p, seed, tile)
+    return x if keep is None else x * keep
 
 
 class _Tile:
