@@ -3,12 +3,13 @@
 # From the project root on this machine: bash ../shared/gpu/prepare.sh (wheels into .gpu/);
 # then, on the GPU machine, in a copy of the working tree that includes .gpu/, in two calls
 # (a session has 15 minutes of device time in all, the machine's start included):
-#   GPU_CHECK_PHASES="1 2" GPU_CHECK_BUDGET=240 bash .gpu/on-gpu.sh bash scripts/gpu_check.sh
+#   GPU_CHECK_PHASES="1 2" GPU_CHECK_BUDGET=300 bash .gpu/on-gpu.sh bash scripts/gpu_check.sh
 #   GPU_CHECK_PHASES="3 4" GPU_CHECK_BUDGET=480 bash .gpu/on-gpu.sh bash scripts/gpu_check.sh
+# (a start of more than 2 minutes leaves too little for both: run phase 4 in another session)
 # Phases (each under its own cap; all under one deadline, GPU_CHECK_BUDGET seconds):
 #   1  the CUDA tests: pytest -m cuda -n 8 (cap 120 s)
 #   2  the default suite with CUDA present, the cuda-marked tests excluded (phase 1 ran
-#      them): pytest -n 14, JUnit XML (cap 120 s; SIGINT, so that pytest still writes its
+#      them): pytest -n 14, the recipes' smoke tests first, JUnit XML (cap 180 s; SIGINT, so that pytest still writes its
 #      summary and the XML); the logs of the recipes' steps (every */logs/*.log under
 #      pytest's temporary directories) are kept: phase2_recipe_logs/ in gpu_check.tgz
 #   3  ctx-bench --device cuda, base shape, 3 repeats, beam 5 over 16 sentences, fp32 and
@@ -191,12 +192,19 @@ case $phase in
     if [ "$DRY" = 1 ]; then
         read -r -a SUITE <<< "${PHASE2_TESTS:-tests/test_host_reads.py -k transformer_hybrid}"
     else
-        SUITE=(-m "not slow and not cuda")
+        # every test file, the recipes' smoke tests first (the longest; pytest-xdist hands the
+        # tests out in the order of the files named), so that a cut-short phase has run them
+        FIRST=(tests/test_recipe_tvsub.py tests/test_recipes_sentence.py tests/test_recipes_context.py
+               tests/test_recipe_gpu_branch.py)
+        SUITE=(-m "not slow and not cuda" "${FIRST[@]}")
+        for f in tests/test_*.py; do
+            case " ${FIRST[*]} " in *" $f "*) ;; *) SUITE+=("$f") ;; esac
+        done
     fi
     # pytest's temporary directories in $WORK: the recipes' step logs survive a failure
     TMPBASE=$(mktemp -d /tmp/gpu_check_pytest.XXXXXX)
     # shellcheck disable=SC2046
-    run_phase "phase 2: default suite" "${PHASE2_CAP:-120}" "$WORK/phase2_suite.txt" \
+    run_phase "phase 2: default suite" "${PHASE2_CAP:-180}" "$WORK/phase2_suite.txt" \
         env OMP_NUM_THREADS=1 "$PY" -m pytest $(pytest_n "${PHASE2_N:-14}") "${PYTEST_OPTS[@]}" \
         --basetemp="$TMPBASE" --junitxml="$WORK/phase2_junit.xml" "${SUITE[@]}"
     [ -f "$WORK/phase2_suite.txt" ] && failures "$WORK/phase2_suite.txt"
