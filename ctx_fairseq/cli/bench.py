@@ -422,6 +422,9 @@ class Bench:
         for k, v in ni.items():  # document models may carry context inputs
             if k in ("src_tokens", "src_lengths", "prev_output_tokens"):
                 continue
+            if k == "query_doc_groups":  # the kept rows of each document; the rest padding (n)
+                out[k] = torch.where(v < n, v, torch.full_like(v, n))
+                continue
             # per-sentence inputs follow the first n sentences; a document memory stays whole
             per_sentence = not memory or k.startswith("query_")
             out[k] = v[:n] if torch.is_tensor(v) and per_sentence else v
