@@ -318,7 +318,8 @@ def check_maruf(work, src, tgt):
     assert n_suite > 0
     table = (results / "table.md").read_text()
     table_json = json.loads((results / "table.json").read_text())
-    assert "| CXMI vs shuffled context (nats/token) |" in table.splitlines()[0]
+    assert "| CXMI vs shuffled context (nats) |" in table.splitlines()[0]
+    assert "| p vs transformer (sentences / documents) |" in table.splitlines()[0]
     for m in models:
         check_bleu(results, m)
         acc = json.loads((results / m / "contrastive_pronouns.json").read_text())["overall"]
@@ -330,6 +331,7 @@ def check_maruf(work, src, tgt):
         assert rec["contrastive_pronouns"]["n"] == n_suite
         if m == "sentence":  # sentence-level: no context to remove, no CXMI step
             assert cxmi == "-" and rec["cxmi_shuffled"] is None
+            assert rec["paired_vs_transformer"] is None
             assert not (results / m / "cxmi").exists()
         else:  # every context model, the document memory included: a number
             cx = json.loads((results / m / "cxmi" / "cxmi.json").read_text())["shuffled"]
@@ -337,6 +339,11 @@ def check_maruf(work, src, tgt):
             assert cx["tokens"] > n_test  # every reference token, </s> included
             assert cxmi == f"{cx['cxmi']:.4f}" and float(cxmi) == pytest.approx(cx["cxmi"], abs=1e-4)
             assert rec["cxmi_shuffled"] == {"cxmi": cx["cxmi"], "tokens": cx["tokens"]}
+            # the paired bootstrap against the transformer (the test set's few documents:
+            # no document-level p-value)
+            pj = json.loads((results / m / "paired.json").read_text())
+            assert rec["paired_vs_transformer"]["p_sentences"] == pj["sentences"]["p_value"]
+            assert rec["paired_vs_transformer"]["p_documents"] is None
             assert (results / m / "cxmi" / "tokens.jsonl").stat().st_size > 0
     # stage 2 started from stage 1 and logged the context gate (label_smoothed_cross_entropy_ctx)
     train_log = (work / "logs" / f"train-{tag}.log").read_text()
@@ -631,6 +638,9 @@ def test_results_table_cxmi_column(tmp_path):
                 for level in ("sentence_level", "document_level")}))
         (d / "contrastive_pronouns.json").write_text(json.dumps(
             {"overall": {"accuracy": 0.5, "correct": 2, "n": 4, "ties": 0}}))
+    (tmp_path / "w" / "results" / "context_aware" / "paired.json").write_text(json.dumps(
+        {"sentences": {"p_value": 0.0123, "delta": 1.25},
+         "documents": {"p_value": 0.0004, "segments": 12}}))
     (tmp_path / "w" / "results" / "context_aware" / "cxmi").mkdir()
     (tmp_path / "w" / "results" / "context_aware" / "cxmi" / "cxmi.json").write_text(json.dumps(
         {"documents": 3, "shuffled": {"cxmi": 0.123456, "tokens": 321, "logprob_per_token": -2.0}}))
@@ -638,14 +648,15 @@ def test_results_table_cxmi_column(tmp_path):
     r = lib_call(tmp_path, f"ctx_results_table md {specs}")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].endswith(" pronoun suite accuracy % (correct/n, ties) |"
-                             " CXMI vs shuffled context (nats/token) |")
+    assert lines[0].endswith("| p vs transformer (sentences / documents) |"
+                             " pronoun suite accuracy % (correct/n, ties) |"
+                             " CXMI vs shuffled context (nats) |")
     assert lines[1].count("|") == lines[0].count("|")
-    assert lines[2] == ("| sentence | transformer | 10.00 | 10.00 | 10.00 | 10.00 "
+    assert lines[2] == ("| sentence | transformer | 10.00 | 10.00 | 10.00 | 10.00 | - "
                         "| 50.0 (2/4, 0) | - |")
     assert lines[3] == ("| context_aware | transformer_context_aware | 11.25 | 11.25 | 11.25 "
-                        "| 11.25 | 50.0 (2/4, 0) | 0.1235 |")
-    assert lines[4].endswith("| 50.0 (2/4, 0) | not measured |")
+                        "| 11.25 | 0.012 / <0.001 | 50.0 (2/4, 0) | 0.1235 |")
+    assert lines[4].endswith("| not measured | 50.0 (2/4, 0) | not measured |")
     r = lib_call(tmp_path, f"ctx_results_table json {specs}")
     assert r.returncode == 0, r.stderr
     table = json.loads(r.stdout)
@@ -653,6 +664,8 @@ def test_results_table_cxmi_column(tmp_path):
     assert table["models"]["sentence"]["cxmi_shuffled"] is None
     assert table["models"]["context_aware"]["cxmi_shuffled"] == {"cxmi": 0.123456, "tokens": 321}
     assert table["models"]["han_enc"]["cxmi_shuffled"] == "not measured"
+    assert table["models"]["context_aware"]["paired_vs_transformer"]["p_documents"] == 0.0004
+    assert table["models"]["han_enc"]["paired_vs_transformer"] == "not measured"
     assert table["models"]["context_aware"]["tokenized_bleu_sentence_level"] == 11.25
     assert table["signatures"]["sacrebleu"] == [sig]
     # one test document: no other document to shuffle from, no number

@@ -452,6 +452,24 @@ for spec in specs:
             row.append(f"{b[level]['bleu']:.2f}")
             rec[f"{prefix}_{level}"] = b[level]["bleu"]
             sigs.setdefault(prefix, set()).add(b[level]["signature"])
+    # the paired bootstrap against the sentence-level transformer (ctx_paired)
+    paired = os.path.join(d, "paired.json")
+    if model == "sentence":
+        row.append("-")
+        rec["paired_vs_transformer"] = None
+    elif os.path.exists(paired):
+        with open(paired, encoding="utf-8") as f:
+            pj = json.load(f)
+        ps, pd = pj["sentences"]["p_value"], (pj["documents"] or {}).get("p_value")
+        fmt_p = lambda v: "n/a" if v is None else (f"{v:.3f}" if v >= 0.001 else "<0.001")
+        row.append(f"{fmt_p(ps)} / {fmt_p(pd)}")
+        rec["paired_vs_transformer"] = {
+            "p_sentences": ps, "p_documents": pd, "delta": pj["sentences"]["delta"],
+            "documents": (pj["documents"] or {}).get("segments"),
+            "note": (pj["documents"] or {}).get("note") or pj["sentences"].get("note")}
+    else:
+        row.append("not measured")
+        rec["paired_vs_transformer"] = "not measured"
     for suite in suites:
         path = os.path.join(d, f"contrastive_{suite}.json")
         if os.path.exists(path):
@@ -488,20 +506,26 @@ for spec in specs:
     table[model] = rec
 if fmt == "json":
     print(json.dumps({"columns": ["tokenized_bleu_sentence_level", "tokenized_bleu_document_level",
-                                  "sacrebleu_sentence_level", "sacrebleu_document_level"]
+                                  "sacrebleu_sentence_level", "sacrebleu_document_level",
+                                  "paired_vs_transformer"]
                       + [f"contrastive_{x}" for x in suites] + ["cxmi_shuffled"],
-                      "cxmi_shuffled": "ctx-cxmi --conditions shuffled on the test split: mean "
-                      "log-probability per target token with the true context minus with "
-                      "shuffled context (nats); null: sentence-level, no context",
+                      "paired_vs_transformer": "sacreBLEU's paired bootstrap (Koehn 2004) of the "
+                      "tokenized BLEU against the sentence-level transformer: p over sentences "
+                      "and over documents (d-BLEU; null with fewer than 10 documents)",
+                      "cxmi_shuffled": "ctx-cxmi --conditions shuffled on the test split: the "
+                      "mean over sentences of the per-sentence mean log-probability with the "
+                      "true context minus with shuffled context (nats; a sensitivity check "
+                      "beside the paper's CXMI against the empty context, cxmi.json's none); "
+                      "null: sentence-level, no context",
                       "models": table,
                       "signatures": {k: sorted(v) for k, v in sigs.items()}},
                      indent=2, ensure_ascii=False))
     sys.exit(0)
 print("| model | architecture | tokenized BLEU | document-level tokenized BLEU | sacreBLEU "
-      "| document-level sacreBLEU |"
+      "| document-level sacreBLEU | p vs transformer (sentences / documents) |"
       + "".join(f" {names[x]} accuracy % (correct/n, ties) |" for x in suites)
-      + " CXMI vs shuffled context (nats/token) |")
-print("|---|---|---:|---:|---:|---:|" + "---:|" * len(suites) + "---:|")
+      + " CXMI vs shuffled context (nats) |")
+print("|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(suites) + "---:|")
 for row in rows:
     print("| " + " | ".join(row) + " |")
 print()
@@ -872,7 +896,18 @@ _ctx_maruf_table() {
         "$(ctx_count_docs "$WORK/data-bin/test.docids")" "$(ctx_lines "$WORK/data-bin/test.docids")" \
         "$(ctx_lines "$WORK/suite/test.pronouns.jsonl")"
     printf 'Tokenized BLEU: the tokenised, truecased hypotheses against the references processed the same way (the paper'"'"'s "BLEU on tokenised text", Sec. 4.1). sacreBLEU: the hypotheses detruecased and detokenized against the original references.\n'
-    printf 'CXMI (Fernandes et al. 2021; ctx-cxmi --conditions shuffled, results/MODEL/cxmi/): on the test references, the mean log-probability per target token with the true context minus with shuffled context (another document position'"'"'s; a document memory: another document'"'"'s), nats; above zero: the model uses its context; "-": sentence-level.\n'
+    printf 'p: sacreBLEU'"'"'s paired bootstrap (Koehn 2004; ctx_fairseq.eval.significance, results/MODEL/paired.json) of the tokenized BLEU against the sentence-level transformer, over sentences / over documents (n/a with fewer than 10 documents).\n'
+    printf 'CXMI vs shuffled (ctx-cxmi --conditions shuffled, results/MODEL/cxmi/): on the test references, the mean over sentences of the per-sentence mean log-probability with the true context minus with shuffled context (another document position'"'"'s; a document memory: another document'"'"'s), nats: a sensitivity check (Voita et al. 2018); cxmi.json also has the paper'"'"'s CXMI against the empty context (none), out of distribution for a model trained without a sampled context size; "-": sentence-level.\n'
+}
+
+# ctx_paired NAME TOK_REFS DOCIDS: sacreBLEU's paired bootstrap of NAME's
+# tokenized BLEU against the sentence-level transformer (generate/sentence.txt),
+# over sentences and over documents, into results/NAME/paired.json
+ctx_paired() {
+    local name=$1 refs=$2 docids=$3
+    ctx_logged "$WORK/results/$name/paired.log" "$PY" -m ctx_fairseq.eval.significance \
+        --generate --baseline "$WORK/generate/sentence.txt" --system "$WORK/generate/$name.txt" \
+        --refs "$refs" --docids "$docids" --tokenize none --out "$WORK/results/$name/paired.json"
 }
 
 # ctx_maruf_pipeline SRC TGT: every step after the document data ($WORK/docs).
@@ -928,6 +963,7 @@ ctx_maruf_pipeline() {
         step "translate_$m" ctx_maruf_translate "$m" "$M_TARGET" "$BEAM" "${GEN[@]}" "${M_TASK[@]}"
         step "bleu_$m" ctx_bleu_report "$m" "$bin/test.docids" "$WORK/tok/test.$t" \
             "$WORK/docs/test.$t" "$t" --detruecase
+        step "paired_$m" ctx_paired "$m" "$WORK/tok/test.$t" "$bin/test.docids"
         step "contrastive_$m" ctx_maruf_contrastive "$m" "$suite" "${gold[@]}"
         step "cxmi_$m" ctx_maruf_cxmi "$m" "$MAX_TOKENS"
         if ctx_maruf_contrapro_applies "$m"; then
