@@ -450,7 +450,8 @@ def test_smoke_end_to_end(tmp_path):
         "fairseq-train $WORK/data-bin --user-dir ctx_fairseq --save-dir $WORK/checkpoints/han "), cmds
     assert "--arch transformer_han" in cmds["fairseq-train"]
     assert "--first-pass-path $WORK/checkpoints/sentence/" in cmds["ctx-iterative-decode"]
-    assert "--conditions none,shuffled" in cmds["ctx-cxmi"] and "--curve" in cmds["ctx-cxmi"]
+    # (the recorded command line is shell-quoted: printf %q escapes the comma)
+    assert "--conditions none\\,shuffled" in cmds["ctx-cxmi"] and "--curve" in cmds["ctx-cxmi"]
     assert "--data $WORK/data-heldout" in cmds["ctx-cxmi"]
     assert "--path $WORK/checkpoints/concat/" in res["models"]["concat"]["commands"]["fairseq-generate"]
     assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate"}
