@@ -19,8 +19,11 @@
 #      their whole context); transformer_selective_doc (fp16) with 100-sentence documents
 #      and 1,000-sentence documents in 40,000-token batches (the batch holding the last
 #      sentence, issue 24). Achieved TFLOP/s and MFU in every row.
-#   4  the --max-tokens sweep (fp16; 4,096, 16,384, 32,768 tokens): the transformer and
-#      Dec-DC, their MFU at each batch and where each stops being host-bound (issue 27)
+#   4  the --max-tokens sweep (fp16; 4,096, 16,384, 32,768 tokens) of fairseq-train's own step
+#      (--train-step fairseq: fairseq's Trainer, --fp16's half model and FP16Optimizer): the
+#      transformer and Dec-DC, their MFU at each batch and where each stops being host-bound
+#   5  (not in the default phases) phase 3's fp16 table with --train-step fairseq: what
+#      fairseq-train --fp16 runs, beside phase 3's autocast step (fairseq-train --amp)
 # A bench step gets what is left of the budget (at most its own cap) and is skipped, with a
 # note, under 20 s.
 # Every ctx-bench step has ONE argument list, shared by the real and the dry run; only the
@@ -226,10 +229,14 @@ case $phase in
     ;;
 4)
     bench sweep_fp16 "${SWEEP_CAP:-150}" '--sweep-max-tokens 4096,16384,32768 --repeats 2 | --sweep-max-tokens 96,192' \
-        --archs transformer_dc_dec --doc-len 2 --infer-sentences 0 --fp16
+        --archs transformer_dc_dec --doc-len 2 --infer-sentences 0 --fp16 --train-step fairseq
+    ;;
+5)
+    bench fp16_fairseq "${BENCH_CAP:-110}" '|' --archs "$MAIN" --doc-len 2 --infer-sentences 16 \
+        --fp16 --train-step fairseq
     ;;
 *)
-    note "unknown phase '$phase' (GPU_CHECK_PHASES: 1 2 3 4)"
+    note "unknown phase '$phase' (GPU_CHECK_PHASES: 1 2 3 4 5)"
     ;;
 esac
 done

@@ -450,3 +450,51 @@ def test_flops_are_counted_in_the_timed_precision(monkeypatch):
     monkeypatch.setattr(bench.Bench, "_autocast", autocast)
     flops = b.count_flops({"model": model, "crit": crit, "sample": b.sample(model, task, margs, 1)})
     assert flops > 0 and entered == [1]
+
+
+def test_fairseq_train_step_counts_the_same_flops(capsys):
+    """--train-step fairseq times fairseq's Trainer.train_step (fairseq's Adam,
+    its gradient norm and logging): the FLOPs of the step are the same
+    products as the plain step's."""
+    argv = ["--archs", "transformer_dc", *TINY, "--repeats", "1", "--infer-sentences", "2"]
+    plain = run_json(capsys, argv)
+    trainer = run_json(capsys, argv + ["--train-step", "fairseq"])
+    assert trainer["shape"]["train_step"] == "fairseq"
+    assert trainer["training_step"].startswith("fairseq's Trainer.train_step")
+    assert plain["training_step"].startswith("forward, label-smoothed cross-entropy")
+    for p, t in zip(plain["results"], trainer["results"]):
+        assert p["arch"] == t["arch"] and p["train_flops"] == t["train_flops"] > 0
+        assert t["train_tokens_per_s"] > 0 and t["infer_sentences_per_s"] > 0
+
+
+def test_fairseq_fp16_step_is_the_half_model_with_fp32_master_weights(monkeypatch):
+    """fairseq-train --fp16 (``--train-step fairseq --fp16``): the model in half
+    precision, fp32 master weights and Adam state (FP16Optimizer), counted in
+    the resident memory; run here on the CPU (FP16Optimizer asks for the
+    current CUDA device only to key its flat master copy: faked)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    args = bench.get_parser().parse_args([*TINY, "--train-step", "fairseq", "--repeats", "1",
+                                          "--infer-sentences", "2", "--threads", "1"])
+    args.fp16 = True  # the CLI takes --fp16 with --device cuda only
+    seen = {}
+    measure = bench.Bench.peak_memory_mb
+
+    def spy(self, entry):
+        out = measure(self, entry)
+        params = list(entry["model"].parameters())
+        n = sum(p.numel() for p in params)
+        seen[entry["label"]] = ({p.dtype for p in params}, n,
+                                bench.resident_bytes(entry["model"], entry["opt"]))
+        return out
+
+    monkeypatch.setattr(bench.Bench, "peak_memory_mb", spy)
+    report = bench.Bench(args).run(["transformer", "transformer_dc"], log=lambda m: None)
+    assert "--fp16: half-precision model, fp32 master weights" in report["training_step"]
+    for arch, (dtypes, n, resident) in seen.items():
+        assert dtypes == {torch.float16}, arch
+        # half weights and gradients (2 + 2), fp32 master weights and gradients (4 + 4),
+        # Adam's two moments (4 + 4): 20 bytes a parameter, and Adam's step counter
+        assert 20 * n <= resident <= 20 * n + 64, (arch, n, resident)
+    assert all(r["train_tokens_per_s"] > 0 for r in report["results"])

@@ -14,7 +14,7 @@ import tarfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "gpu_check.sh")
 BENCH_STEPS = ["fp32", "fp16", "concat_fp32", "concat_fp16", "selective100", "selective1000",
-               "sweep_fp16"]
+               "sweep_fp16", "fp16_fairseq"]
 #: ctx-bench's options that are shapes (the only ones a dry run may change), with a value
 SHAPE_OPTIONS = {"--layers", "--embed-dim", "--heads", "--ffn-dim", "--vocab", "--src-len",
                  "--tgt-len", "--max-tokens", "--repeats", "--train-steps", "--beam",
@@ -58,7 +58,7 @@ def _without_shapes(argv):
 
 
 def test_dry_run_runs_every_bench_step_with_the_real_arguments(tmp_path):
-    out, summary = run_check(tmp_path, "3 4")
+    out, summary = run_check(tmp_path, "3 4 5")
     steps = _steps(summary)
     for name in BENCH_STEPS:
         real, rc = steps[(name, "a")]
@@ -83,6 +83,9 @@ def test_dry_run_runs_every_bench_step_with_the_real_arguments(tmp_path):
     assert int(concat[concat.index("--doc-len") + 1]) >= 10
     assert "transformer_concat" not in steps[("fp32", "a")][0][
         steps[("fp32", "a")][0].index("--archs") + 1]
+    for name in ("sweep_fp16", "fp16_fairseq"):  # fairseq-train's own step
+        argv = steps[(name, "a")][0]
+        assert argv[argv.index("--train-step") + 1] == "fairseq", argv
     sweep = json.load(open(_member(out, "bench_sweep_fp16_dry.json")))
     assert {r["arch"] for r in sweep["results"]} == {
         f"{a} @{m}" for a in ("transformer", "transformer_dc_dec") for m in (4096, 16384, 32768)}

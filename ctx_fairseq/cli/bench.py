@@ -159,13 +159,32 @@ def _tokens(sample) -> int:
         tokens -= int(sample["target_prefix_len"].sum())
     return tokens
 
+def _torch_optimizer(opt):
+    """The ``torch.optim.Optimizer`` inside fairseq's optimizer wrappers
+    (``FP16Optimizer.fp32_optimizer``, ``FairseqOptimizer.optimizer``)."""
+    seen = 0
+    while not isinstance(opt, torch.optim.Optimizer) and seen < 5:
+        opt = getattr(opt, "fp32_optimizer", None) or getattr(opt, "wrapped_optimizer", None) \
+            or opt.optimizer
+        seen += 1
+    return opt
+
+
 def resident_bytes(model, opt) -> int:
-    """Bytes of ``model``'s parameters, their gradients and ``opt``'s state."""
+    """Bytes of ``model``'s parameters, their gradients and ``opt``'s state
+    (with fairseq's ``--fp16``: its fp32 master weights and their gradients too)."""
+    def size(ts):
+        return sum(t.numel() * t.element_size() for t in ts if torch.is_tensor(t))
+
     params = list(model.parameters())
-    total = sum(p.numel() * p.element_size() for p in params)
-    total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
-    for state in opt.state.values():
-        total += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
+    total = size(params) + size(p.grad for p in params)
+    masters = getattr(opt, "fp32_params", None)
+    if masters is not None:
+        masters = list(masters.values()) if isinstance(masters, dict) else \
+            (list(masters) if isinstance(masters, (list, tuple)) else [masters])
+        total += size(masters) + size(p.grad for p in masters)
+    for state in _torch_optimizer(opt).state.values():
+        total += size(state.values())
     return total
 
 
@@ -212,6 +231,22 @@ class Bench:
         self.memory_stats = CudaMemoryStats(self.device) if self.device.type == "cuda" else None
 
     # ----------------------------------------------------------------- build
+    def fairseq_step(self) -> bool:
+        return getattr(self.args, "train_step", "torch") == "fairseq"
+
+    def trainer_args(self) -> List[str]:
+        """fairseq-train's options of the trainer (``--train-step fairseq``)."""
+        if not self.fairseq_step():
+            return []
+        a = self.args
+        out = ["--optimizer", "adam", "--lr", "0.0001", "--max-tokens", str(a.max_tokens),
+               "--seed", str(a.seed)]
+        if a.fp16:
+            out.append("--fp16")
+        if self.device.type == "cpu":
+            out.append("--cpu")
+        return out
+
     def build(self, arch: str, extra: List[str]):
         import ctx_fairseq  # noqa: F401
         from fairseq import options
@@ -232,7 +267,7 @@ class Bench:
             "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
             "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
             "--share-all-embeddings", "--max-source-positions", str(max(1024, a.src_len * a.doc_len + 8)),
-            "--max-target-positions", str(max(1024, a.tgt_len + 8)), *extra,
+            "--max-target-positions", str(max(1024, a.tgt_len + 8)), *self.trainer_args(), *extra,
         ]
         parser = options.get_training_parser()
         margs = options.parse_args_and_arch(parser, argv)
@@ -344,11 +379,14 @@ class Bench:
             torch.cuda.synchronize()
 
     def _autocast(self):
-        if self.args.fp16:
+        if self.args.fp16 and not self.fairseq_step():  # fairseq's --fp16: a half model
             return torch.autocast(device_type="cuda", dtype=torch.float16)
         return torch.autocast(device_type=self.device.type, enabled=False)
 
     def train_step(self, entry) -> None:
+        if "trainer" in entry:  # fairseq-train's step; an out-of-memory error is raised
+            entry["trainer"].train_step([entry["sample"]], raise_oom=True)
+            return
         model, crit, opt, scaler, sample = (entry[k] for k in ("model", "crit", "opt", "scaler", "sample"))
         model.train()
         opt.zero_grad(set_to_none=True)
@@ -366,6 +404,11 @@ class Bench:
         from ctx_fairseq.flops import FlopCounter
 
         model, crit, sample = entry["model"], entry["crit"], entry["sample"]
+        if "trainer" in entry:  # the whole step (the optimizer's part has no counted op)
+            with FlopCounter() as counter:
+                self.train_step(entry)
+            entry.setdefault("uncounted_ops", set()).update(counter.uncounted)
+            return float(counter.total)
         model.train()
         # in the timed precision: under autocast the kernels (and a model's own choice
         # of path by dtype) are those of the timed step
@@ -515,12 +558,21 @@ class Bench:
             crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
             entry = {
                 "label": label, "model": model, "task": task, "crit": crit,
-                "opt": torch.optim.Adam(model.parameters(), lr=1e-4),
-                "scaler": torch.amp.GradScaler("cuda") if a.fp16 else None,
                 "sample": self.sample(model, task, margs, a.seed),
                 "params": sum(p.numel() for p in model.parameters()),
                 "train": [], "infer": [],
             }
+            if self.fairseq_step():
+                from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+                from fairseq.trainer import Trainer
+
+                # as fairseq-train: the trainer halves the model under --fp16 (in place)
+                trainer = Trainer(convert_namespace_to_omegaconf(margs), task, model, crit)
+                entry.update(trainer=trainer, model=trainer.model, opt=trainer.optimizer,
+                             scaler=None)
+            else:
+                entry.update(opt=torch.optim.Adam(model.parameters(), lr=1e-4),
+                             scaler=torch.amp.GradScaler("cuda") if a.fp16 else None)
             entry["setting"] = model.bench_setting() if hasattr(model, "bench_setting") \
                 else None
             if getattr(model, "memory_cache", None) is not None:
@@ -600,6 +652,10 @@ class Bench:
 
     def training_step_note(self) -> str:
         """What the timed training step is, where it differs from fairseq-train's."""
+        if self.fairseq_step():
+            return ("fairseq's Trainer.train_step as fairseq-train runs it (--optimizer adam"
+                    + (", --fp16: half-precision model, fp32 master weights (FP16Optimizer)"
+                       if self.args.fp16 else "") + "), label-smoothed cross-entropy")
         note = "forward, label-smoothed cross-entropy, backward, torch.optim.Adam step"
         if self.args.fp16:
             note += ("; fp16: autocast with fp32 weights and a GradScaler (fairseq-train "
@@ -618,6 +674,15 @@ class Bench:
             torch.manual_seed(self.args.seed)
             model, task, margs = self.build(arch, extra)
             sample = self.sample(model, task, margs, self.args.seed)
+            if self.fairseq_step():  # fairseq-train's trainer takes the options (not built)
+                from fairseq.criterions.label_smoothed_cross_entropy import (
+                    LabelSmoothedCrossEntropyCriterion,
+                )
+                from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+                from fairseq.trainer import Trainer
+
+                Trainer(convert_namespace_to_omegaconf(margs), task, model,
+                        LabelSmoothedCrossEntropyCriterion(task, False, 0.1))
             row = {"arch": label, "params": sum(p.numel() for p in model.parameters()),
                    "batch_sentences": int(sample["nsentences"]),
                    "batch_memory_sentences": memory_sentences(sample),
@@ -669,6 +734,7 @@ class Bench:
             "max_tokens": a.max_tokens, "batch_size": self.batch_size, "doc_len": a.doc_len,
             "beam": a.beam, "infer_sentences": a.infer_sentences, "repeats": a.repeats,
             "train_steps": a.train_steps, "fp16": a.fp16,
+            "train_step": getattr(a, "train_step", "torch"),
             "doc_batch": getattr(a, "doc_batch", "largest"),
         }
 
@@ -892,6 +958,13 @@ def get_parser() -> argparse.ArgumentParser:
                    help="CPU threads for torch (default: torch's choice); 1 is the most "
                    "robust against other load on the machine")
     p.add_argument("--fp16", action="store_true", help="mixed precision (autocast fp16; CUDA only)")
+    p.add_argument("--train-step", choices=["torch", "fairseq"], default="torch",
+                   help="the timed training step: 'torch': forward, loss, backward and a "
+                        "torch.optim.Adam step (--fp16: autocast with fp32 weights and a "
+                        "GradScaler, fairseq-train's --amp); 'fairseq': fairseq's "
+                        "Trainer.train_step as fairseq-train runs it (fairseq's Adam; --fp16: "
+                        "the half-precision model with fp32 master weights, FP16Optimizer, "
+                        "its loss scaler, gradient norm and logging) (torch)")
     p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
                    help="the device's dense peak TFLOP/s for the run's precision, that MFU is a "
                         "fraction of (default: ctx_fairseq.flops.PEAK_TFLOPS for a known CUDA "
