@@ -39,6 +39,13 @@ runs first):
   table of known cards ``ctx_fairseq.flops.PEAK_TFLOPS`` (vendors' datasheets)
   or ``--peak-tflops``; none on the CPU unless given.
 
+``--train-step fairseq`` times fairseq's own ``Trainer.train_step`` as
+fairseq-train runs it (fairseq's Adam, gradient norm and logging; ``--fp16``:
+the half-precision model with fp32 master weights, ``FP16Optimizer``) instead
+of the default forward, loss, backward and ``torch.optim.Adam`` step (whose
+``--fp16`` is autocast with fp32 weights, as fairseq-train's ``--amp``); the
+report's ``training_step`` says which.
+
 ``--sweep-max-tokens 4096,16384,32768`` runs the whole bench at each batch in
 turn and reports, per architecture, tokens/s, TFLOP/s and MFU at each and the
 smallest batch with 90% of its best tokens/s (below it, the step is
