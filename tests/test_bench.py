@@ -295,7 +295,8 @@ def test_peak_table_of_known_cards():
 def test_sweep_summary_finds_where_the_step_stops_being_host_bound():
     def point(m, tok):
         return {"max_tokens": m, "results": [{"arch": "a", "train_tokens_per_s": tok,
-                                              "train_tflops": tok / 1e3, "train_mfu": None}]}
+                                              "train_tflops": tok / 1e3, "train_mfu": None,
+                                              "batch_target_tokens": m}]}
 
     # host-bound: tokens/s doubles with the batch up to 16k, then flat
     s = bench.sweep_summary([point(4096, 20e3), point(16384, 70e3), point(32768, 74e3)])["a"]
@@ -303,6 +304,11 @@ def test_sweep_summary_finds_where_the_step_stops_being_host_bound():
     s = bench.sweep_summary([point(4096, 20e3), point(16384, 40e3), point(32768, 80e3)])["a"]
     assert s["saturates_at"] == 32768 and not s["saturated"]
     assert s["max_tokens"] == [4096, 16384, 32768]
+    # step time = 50 ms + tokens / 400k tokens/s: the host's part is half the step at 20k
+    steps = [point(m, m / (0.05 + m / 4e5)) for m in (4096, 16384, 32768)]
+    s = bench.sweep_summary(steps)["a"]
+    assert s["fixed_ms"] == pytest.approx(50.0) and s["host_half_tokens"] == pytest.approx(2e4)
+    assert bench.step_time_fit([4096], [1e4]) == {"fixed_ms": None, "host_half_tokens": None}
 
 
 def test_sweep_mode_runs_each_batch(capsys, tmp_path):
@@ -321,6 +327,7 @@ def test_sweep_mode_runs_each_batch(capsys, tmp_path):
     bench.cli_main(["--from-json", str(saved)])
     out = capsys.readouterr().out
     assert "tok/s @20" in out and "MFU @40" in out and "saturates at" in out
+    assert "fixed ms" in out and "host half at" in out
     bench.cli_main(["--from-json", str(saved), "--markdown"])
     assert capsys.readouterr().out.startswith("| arch | tok/s @20 |")
 

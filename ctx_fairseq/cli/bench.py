@@ -893,16 +893,40 @@ def sweep_summary(points: List[Dict]) -> Dict[str, Dict]:
     for point in points:
         for r in point["results"]:
             d = out.setdefault(r["arch"], {"max_tokens": [], "train_tokens_per_s": [],
-                                           "train_tflops": [], "train_mfu": []})
+                                           "train_tflops": [], "train_mfu": [],
+                                           "batch_target_tokens": []})
             d["max_tokens"].append(point["max_tokens"])
-            for k in ("train_tokens_per_s", "train_tflops", "train_mfu"):
+            for k in ("train_tokens_per_s", "train_tflops", "train_mfu", "batch_target_tokens"):
                 d[k].append(r.get(k))
     for d in out.values():
         best = max(d["train_tokens_per_s"])
         i = next(i for i, v in enumerate(d["train_tokens_per_s"]) if v >= 0.9 * best)
         d["saturates_at"] = d["max_tokens"][i]
         d["saturated"] = i < len(d["max_tokens"]) - 1
+        d.update(step_time_fit(d["batch_target_tokens"], d["train_tokens_per_s"]))
     return out
+
+
+def step_time_fit(tokens: List, tokens_per_s: List[float]) -> Dict:
+    """The least-squares line ``step time = fixed + tokens * per_token`` over a
+    sweep's points: ``fixed_ms``, the part of a step that does not grow with the
+    batch (Python, kernel launches, synchronisations: the host), and
+    ``host_half_tokens`` = fixed / per_token, the batch at which the host's part
+    is half the step (smaller batches are host-bound). None with fewer than two
+    batch sizes or a line that does not rise."""
+    none = {"fixed_ms": None, "host_half_tokens": None}
+    pts = [(float(t), float(t) / v) for t, v in zip(tokens, tokens_per_s) if t and v]
+    if len({t for t, _ in pts}) < 2:
+        return none
+    n = len(pts)
+    mt = sum(t for t, _ in pts) / n
+    ms = sum(s for _, s in pts) / n
+    per_token = (sum((t - mt) * (s - ms) for t, s in pts)
+                 / sum((t - mt) ** 2 for t, _ in pts))
+    if per_token <= 0:
+        return none
+    fixed = max(0.0, ms - per_token * mt)
+    return {"fixed_ms": 1e3 * fixed, "host_half_tokens": fixed / per_token}
 
 
 def format_sweep(report: Dict, markdown: bool = False) -> str:
@@ -911,13 +935,14 @@ def format_sweep(report: Dict, markdown: bool = False) -> str:
     summary = report["summary"]
     sizes = [p["max_tokens"] for p in report["sweep"]]
     head = ["arch"] + [f"{k} @{m}" for m in sizes for k in ("tok/s", "TFLOP/s", "MFU")] \
-        + ["saturates at"]
+        + ["saturates at", "fixed ms", "host half at"]
     rows = []
     for arch, d in summary.items():
         row = [f"`{arch}`" if markdown else arch]
         for tok, tf, u in zip(d["train_tokens_per_s"], d["train_tflops"], d["train_mfu"]):
             row += [f"{tok:.0f}", _tf(tf), _pct(u)]
         row.append(f"{d['saturates_at']}" + ("" if d["saturated"] else " (not yet?)"))
+        row += [_num(d.get("fixed_ms"), ".1f"), _num(d.get("host_half_tokens"), ".0f")]
         rows.append(row)
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -927,7 +952,9 @@ def format_sweep(report: Dict, markdown: bool = False) -> str:
                  *_columns(head, rows)]
     note = ["", "saturates at: the smallest --max-tokens with >= 90% of the model's best "
             "training tokens/s in the sweep (below it the step is host-bound); '(not yet?)': "
-            "the best is the largest batch measured"]
+            "the best is the largest batch measured. fixed ms: the step time's part that "
+            "does not grow with the batch (a line fitted to step time against target "
+            "tokens); host half at: the batch (target tokens) where that part is half the step"]
     return "\n".join(lines + note + _peak_note(report["sweep"][0]))
 
 
