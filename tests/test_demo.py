@@ -148,10 +148,11 @@ def test_demo_cxmi_column_is_ctx_cxmi(tiny_model, tmp_path, capsys):
     ckpt = os.path.join(work, "checkpoints", "transformer_context_aware", "checkpoint_last.pt")
     model, task, cfg = cxmi.load(ckpt, os.path.join(work, "data-bin"), cuda=False)
     want, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
-    assert res["cxmi"]["shuffled"] == pytest.approx(want["shuffled"]["cxmi"], abs=1e-9)
+    assert res["cxmi"]["shuffled"] == pytest.approx(want["shuffled"]["cxmi_per_token"],
+                                                    abs=1e-9)
     assert res["cxmi"]["tokens"] == want["tokens"] and not res["cxmi"]["refused"]
     row = next(line for line in out.splitlines() if line.startswith("transformer_context_aware"))
-    assert f"{want['shuffled']['cxmi']:.4f}" in row.split()
+    assert f"{want['shuffled']['cxmi_per_token']:.4f}" in row.split()
 
 
 def test_format_table_cxmi_cells_and_footnotes():

@@ -318,7 +318,9 @@ def _cxmi(ckpt: str, binned: str, sentence_level: bool) -> Dict:
     except cxmi.CXMIError as err:
         return {"shuffled": None, "why": str(err).replace(ckpt, "the checkpoint"),
                 "refused": True}
-    return {"shuffled": result["shuffled"]["cxmi"], "tokens": result["tokens"],
+    # nats per target token (ctx-cxmi's cxmi_per_token; its headline cxmi is the paper's
+    # mean of per-sentence means against the empty context)
+    return {"shuffled": result["shuffled"]["cxmi_per_token"], "tokens": result["tokens"],
             "sentences": result["sentences"], "refused": False,
             "sentences_with_context": result["sentences_with_context"]}
 
