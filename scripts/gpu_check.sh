@@ -38,7 +38,7 @@
 # runs a small part of the suite (PHASE2_TESTS); no -n without pytest-xdist.
 # Results: $OUT/summary.txt (versions, GPU, each phase's commands, status and tail, the bench
 # tables) and $OUT/gpu_check.tgz (every phase's full output: phase1_cuda.txt,
-# phase2_suite.txt, phase2_junit.xml, phase2_recipe_logs/, bench_*.json, bench.log), re-made
+# phase2_suite.txt, phase2_junit.xml, phase2_recipe_logs/, bench_*.json, bench_*.log), re-made
 # after every phase so that a run cut short still returns what it did.
 # Environment: GPU_CHECK_PHASES (default "1 2 3 4"), GPU_CHECK_BUDGET (seconds, default
 # 530), the caps PHASE1_CAP, PHASE2_CAP, BENCH_CAP (each main precision), CONCAT_CAP,
@@ -144,8 +144,8 @@ REAL_SHAPE=(--repeats 3)
 DRY_SHAPE=(--layers 2 --embed-dim 32 --heads 2 --ffn-dim 64 --vocab 64 --src-len 6 --tgt-len 6
            --max-tokens 192 --repeats 1 --train-steps 1 --beam 2 --threads 1)
 # bench NAME CAP 'REAL STEP SHAPE | DRY STEP SHAPE' ARGS...: one ctx-bench step; ARGS are the
-# same in the real and the dry run. JSON into bench_NAME.json, log into bench.log, the
-# Markdown table into the summary.
+# same in the real and the dry run. JSON into bench_NAME.json, log into bench_NAME.log
+# (dry run (a): bench_NAME_dry.*), the Markdown table into the summary.
 bench() {
     local name=$1 cap=$2 real_step dry_step
     IFS='|' read -r real_step dry_step <<< "$3"
@@ -155,10 +155,9 @@ bench() {
     read -r -a dry_s <<< "$dry_step"
     local real=("$PY" -m ctx_fairseq.cli.bench --device cuda --json "${args[@]}"
                 "${REAL_SHAPE[@]}" "${real_s[@]}")
-    echo "== ctx-bench $name" >> "$WORK/bench.log"
     if [ "$DRY" = 1 ]; then
         # (a) the real command, --dry-run added: the arguments and batches at the real shapes
-        ERRFILE=$WORK/bench.log run_phase "phase $phase: ctx-bench $name (dry run of the real command)" \
+        ERRFILE=$WORK/bench_${name}_dry.log run_phase "phase $phase: ctx-bench $name (dry run of the real command)" \
             "$cap" "$WORK/bench_${name}_dry.json" "${real[@]}" --dry-run
         # (b) the same ARGS measured on the CPU at the dry shapes (no fp16 on the CPU)
         local a fp16=0
@@ -167,16 +166,16 @@ bench() {
             note "   (b) not measured on the CPU: --fp16 needs CUDA (the dry run (a) checked it)"
             return 0
         fi
-        ERRFILE=$WORK/bench.log run_phase "phase $phase: ctx-bench $name (the same ARGS, dry shapes, CPU)" \
+        ERRFILE=$WORK/bench_$name.log run_phase "phase $phase: ctx-bench $name (the same ARGS, dry shapes, CPU)" \
             "$cap" "$WORK/bench_$name.json" "$PY" -m ctx_fairseq.cli.bench --device cpu --json \
             "${args[@]}" "${DRY_SHAPE[@]}" "${dry_s[@]}"
     else
-        ERRFILE=$WORK/bench.log run_phase "phase $phase: ctx-bench $name" "$cap" \
+        ERRFILE=$WORK/bench_$name.log run_phase "phase $phase: ctx-bench $name" "$cap" \
             "$WORK/bench_$name.json" "${real[@]}"
     fi
     if [ -s "$WORK/bench_$name.json" ]; then
         "$PY" -m ctx_fairseq.cli.bench --from-json "$WORK/bench_$name.json" --markdown \
-            >> "$SUMMARY" 2>> "$WORK/bench.log"
+            >> "$SUMMARY" 2>> "$WORK/bench_$name.log"
         pack
     fi
 }
