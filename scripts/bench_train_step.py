@@ -38,6 +38,8 @@ def _own_args(argv):
     p.add_argument("--scan", type=int, default=0,
                    help="look at only the first N batches of the epoch (0: all)")
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true",
+                   help="also print torch.profiler's table of one timed step")
     return p.parse_args(argv)
 
 
@@ -95,6 +97,16 @@ def main(argv=None):
         t0 = time.perf_counter()
         trainer.train_step([best])
         times.append(time.perf_counter() - t0)
+    if own.profile:
+        from torch.profiler import profile
+
+        with profile() as prof:
+            trainer.train_step([best])
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    lengths = ni["mem_src_lengths"] if "mem_src_lengths" in ni else None
+    if lengths is not None and lengths.numel():
+        row["memory_tokens_max"] = int(lengths.max())
+        row["memory_tokens_mean"] = round(float(lengths.float().mean()), 1)
     row["warmup_step_s"] = round(times[0], 3)
     row["step_s"] = round(sum(times[1:]) / max(1, len(times) - 1), 3)
     row["target_tokens_per_s"] = round(row["target_tokens"] / row["step_s"], 1)

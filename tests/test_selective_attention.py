@@ -20,6 +20,7 @@ from ctx_fairseq.modules.selective_attention import (
     DocumentContextLayer,
     HierarchicalContextAttention,
     masked_normalize,
+    memory_layout,
 )
 
 DT = torch.float64
@@ -927,6 +928,30 @@ def test_masked_normalize_half_precision_fills_are_safe():
         assert torch.isfinite(x.grad).all() and x.grad[1].eq(0).all()
 
 
+def by_length_from_mask(mem: Mem):
+    """``by_length`` for :meth:`project_memory` (the collater's
+    ``memory_by_length``, here from the word mask): each document's
+    sentences by number of words, longest first, and the columns from their
+    first to their last word."""
+    import numpy as np
+
+    from ctx_fairseq.modules.selective_attention import memory_layout
+
+    _, rows, valid = memory_layout(mem.doc, mem.pos)
+    rows, valid = rows.numpy(), valid.numpy()
+    mask = mem.mask.numpy()
+    L = mask.shape[1]
+    n = mask.sum(1)
+    first = np.where(n > 0, mask.argmax(1), L)
+    last = np.where(n > 0, L - mask[:, ::-1].argmax(1), 0)
+    lens = np.where(valid, n[rows], -1)
+    order = np.argsort(-lens, axis=1, kind="stable")
+    by = np.take_along_axis(rows, order, 1)
+    ok = np.take_along_axis(valid, order, 1)
+    span = np.stack([np.where(ok, first[by], L), np.where(ok, last[by], 0)], -1)
+    return torch.from_numpy(by), torch.from_numpy(order), span
+
+
 # ------------------------------------------------- the previous exact version
 #: the last commit with the gathered word level (per query sentence, or per
 #: token over the whole document: exact, but forming B x H x T x S x L tensors)
@@ -952,7 +977,8 @@ def _previous_module():
 
 @pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("layout", ["sentence", "document", "document-tiny"])
+@pytest.mark.parametrize("layout", ["sentence", "document", "document-tiny", "by-length",
+                                    "by-length-tiny"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 def test_equals_the_previous_implementation(mode, dtype, layout, online, seed):
@@ -965,7 +991,9 @@ def test_equals_the_previous_implementation(mode, dtype, layout, online, seed):
     old = _previous_module()
     att, sa, wa = mode
     torch.manual_seed(seed)
-    kw = dict(word_block=1, tile_elems=1) if layout == "document-tiny" else {}
+    kw = dict(word_block=1, tile_elems=1) if layout.endswith("tiny") else {}
+    if layout == "by-length":
+        kw = dict(word_block=2, tile_elems=40)
     m_old = old.HierarchicalContextAttention(C, H, att, sa, wa, sentence_distance=2).to(dtype)
     m_new = HierarchicalContextAttention(C, H, att, sa, wa, sentence_distance=2, **kw).to(dtype)
     with torch.no_grad():
@@ -985,7 +1013,11 @@ def test_equals_the_previous_implementation(mode, dtype, layout, online, seed):
         qq = q.to(dt).clone().requires_grad_()
         k = mem.keys.to(dt).clone().requires_grad_()
         v = mem.values.to(dt).clone().requires_grad_()
-        pm = m.project_memory(k, v, mem.mask, mem.doc, mem.pos)
+        if m is m_new and layout.startswith("by-length"):
+            pm = m.project_memory(k, v, mem.mask, mem.doc, mem.pos, *memory_layout(
+                mem.doc, mem.pos)[1:], by_length=by_length_from_mask(mem))
+        else:
+            pm = m.project_memory(k, v, mem.mask, mem.doc, mem.pos)
         extra = {}
         if m is m_new and layout != "sentence":
             extra["query_groups"] = m.group_queries(pm, qd)

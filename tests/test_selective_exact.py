@@ -266,3 +266,47 @@ def test_dropout_backward_is_the_gradient_of_the_forward(flat, word_attn):
     else:
         assert torch.autograd.gradcheck(lambda q, k, v: f(q, k, v, w), (q, k, v),
                                         eps=1e-6, atol=1e-5)
+
+
+def test_sentences_by_length_read_only_their_columns():
+    """The collater's ``memory_by_length`` (left-padded tokens): one long
+    sentence among short ones no longer makes every block read its width:
+    fewer FLOPs, the same result (float64, 1e-12)."""
+    import numpy as np
+
+    from ctx_fairseq.data.document_dataset import memory_by_length
+    from ctx_fairseq.modules.selective_attention import memory_layout
+
+    n, Lw = 96, 20
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randn(n, Lw, 16, generator=g, dtype=torch.double)
+    tokens = torch.full((n,), 3)
+    tokens[5] = Lw  # one long sentence
+    # left-padded tokens: words then </s> in the last columns
+    mask = (torch.arange(Lw)[None] >= Lw - tokens[:, None]) & (torch.arange(Lw)[None] < Lw - 1)
+    doc, pos = torch.zeros(n, dtype=torch.long), torch.arange(n)
+    _, rows, valid = memory_layout(doc, pos)
+    by = memory_by_length(rows.numpy(), valid.numpy(), tokens.numpy(), Lw, True)
+    by_length = (by["mem_doc_rows_by_len"], by["mem_doc_len_order"], by["mem_doc_span_by_len"])
+    q = torch.randn(4, 6, 16, generator=g, dtype=torch.double)
+    qd, qp = torch.zeros(6, dtype=torch.long), torch.arange(90, 96)
+    res = []
+    for bl in (None, by_length):
+        torch.manual_seed(0)
+        m = HierarchicalContextAttention(16, 2).double()
+        qq = q.clone().requires_grad_()
+        with FlopCounterMode(display=False) as fc:
+            pm = m.project_memory(keys, keys, mask, doc, pos, rows, valid, by_length=bl)
+            out, _ = m(qq, pm, qd, qp, True, query_groups=m.group_queries(pm, qd))
+            out.sum().backward()
+        res.append((out.detach(), qq.grad, fc.get_total_flops()))
+    torch.testing.assert_close(res[1][0], res[0][0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(res[1][1], res[0][1], rtol=0, atol=1e-12)
+    assert res[1][2] < 0.7 * res[0][2]
+    # the spans and order
+    assert by["mem_doc_rows_by_len"][0, 0] == 5
+    assert tuple(by["mem_doc_span_by_len"][0, 0]) == (0, Lw)
+    assert tuple(by["mem_doc_span_by_len"][0, 1]) == (Lw - 3, Lw)
+    assert sorted(by["mem_doc_len_order"][0].tolist()) == list(range(n))
+    assert np.array_equal(by["mem_doc_rows_by_len"][0].numpy(),
+                          rows[0].numpy()[by["mem_doc_len_order"][0].numpy()])

@@ -279,6 +279,36 @@ def longest_sentences(unit: np.ndarray, window, partial: np.ndarray, length: np.
     return np.where(np.asarray(partial) != PARTIAL_NONE, np.asarray(length, dtype=np.int64), out)
 
 
+def memory_by_length(doc_rows: np.ndarray, valid: np.ndarray, lengths: np.ndarray, width: int,
+                     left_pad: bool) -> Dict[str, object]:
+    """Each document's memory sentences ordered by length (longest first), so
+    that a block of consecutive ones spans few token columns: the selective
+    word level reads only the columns its block's sentences occupy
+    (:mod:`ctx_fairseq.modules.word_attention`).
+
+    ``doc_rows``/``valid`` (``D x S_max``): the padded document index;
+    ``lengths`` (``S``): tokens per memory row; ``width``: the padded width of
+    the memory's tokens (left- or right-padded). Returns
+    ``mem_doc_rows_by_len`` (``D x S_max`` tensor: memory rows, longest first,
+    the invalid entries last), ``mem_doc_len_order`` (``D x S_max`` tensor: the
+    column of each of them in position order, a permutation per document) and
+    ``mem_doc_span_by_len`` (``D x S_max x 2`` numpy, it stays on the host: the
+    token columns ``[start, end)`` each occupies; ``(width, 0)`` for an
+    invalid entry)."""
+    D, s_max = doc_rows.shape
+    lens = np.where(valid, lengths[doc_rows] if len(lengths) else 0, -1)
+    order = np.argsort(-lens, axis=1, kind="stable")
+    rows = np.take_along_axis(doc_rows, order, axis=1)
+    n = np.take_along_axis(lens, order, axis=1)
+    span = np.empty((D, s_max, 2), dtype=np.int64)
+    ok = n >= 0
+    span[..., 0] = np.where(ok, width - n if left_pad else 0, width)
+    span[..., 1] = np.where(ok, width if left_pad else n, 0)
+    return {"mem_doc_rows_by_len": torch.from_numpy(np.ascontiguousarray(rows)),
+            "mem_doc_len_order": torch.from_numpy(np.ascontiguousarray(order)),
+            "mem_doc_span_by_len": span}
+
+
 def query_groups(query_doc: np.ndarray, num_docs: int) -> np.ndarray:
     """The query sentences of each document of a batch: ``D x Bq_max`` int64,
     row ``d`` the batch rows ``b`` with ``query_doc[b] == d`` in batch order,
@@ -1071,6 +1101,10 @@ class DocumentContextDataset(FairseqDataset):
           document ``d`` in position order (0 where not valid);
           ``query_doc_groups`` (``D x Bq_max``, :func:`query_groups`): the
           batch rows of each document's query sentences, padded with ``B``;
+          ``mem_doc_rows_by_len``, ``mem_doc_len_order`` and (numpy, on the
+          host) ``mem_doc_span_by_len`` (:func:`memory_by_length`): each
+          document's memory sentences longest first and the token columns
+          they occupy;
           ``mem_state_index`` (``S``) and ``mem_extra_rows`` (``E``): memory
           row ``s``'s encoder states are column ``mem_state_index[s]`` of the
           batch's query encodings (``0..B-1``) followed by those of the memory
@@ -1140,6 +1174,9 @@ class DocumentContextDataset(FairseqDataset):
             out[f"mem_{side}_tokens"] = toks
             out[f"mem_{side}_lengths"] = torch.tensor([len(seqs[int(j)]) for j in mem],
                                                       dtype=torch.long)
+            if side == "src":
+                out.update(memory_by_length(out["mem_doc_rows"].numpy(), valid,
+                                            out["mem_src_lengths"].numpy(), toks.size(1), left))
             keys = np.zeros((len(mem), 3), dtype=np.int64)
             for r, j in enumerate(mem.tolist()):
                 keys[r, :2] = sentence_digest(np.asarray(seqs[j]))

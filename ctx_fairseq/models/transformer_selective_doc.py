@@ -189,7 +189,8 @@ MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "m
                "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
                "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask",
                "mem_doc_rows", "mem_doc_valid", "mem_state_index", "mem_extra_rows",
-               "mem_src_key", "mem_tgt_key", "query_doc_groups")
+               "mem_src_key", "mem_tgt_key", "query_doc_groups", "mem_doc_rows_by_len",
+               "mem_doc_len_order", "mem_doc_span_by_len")
 #: follow the beam (one row per query sentence); every other key is per document
 QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
 #: index the batch's rows: dropped when the rows are reordered (the beam), after which
@@ -509,9 +510,19 @@ class SelectiveDocEncoder(TransformerEncoderBase):
             out["mem_encoder_padding_mask"] = [mem_tokens.eq(self.padding_idx)]
             return out
         words = states.transpose(0, 1)
+        by_length = None  # the source memory's sentences by length, in these columns
+        shift = words.size(1) - doc["mem_src_tokens"].size(1)  # columns padded on here
+        if all(doc.get(k) is not None for k in ("mem_doc_rows_by_len", "mem_doc_len_order",
+                                                 "mem_doc_span_by_len", "mem_doc_rows")) \
+                and shift >= 0:
+            span = doc["mem_doc_span_by_len"]
+            if shift and bool(self.args.left_pad_source):
+                span = np.where(span[..., 1:] > span[..., :1], span + shift, span)
+            by_length = (doc["mem_doc_rows_by_len"], doc["mem_doc_len_order"], span)
         memory = self.context_layer.project_memory(
             words, words, _real_words(mem_tokens, self.dictionary), doc["mem_doc"],
-            doc["mem_pos"], doc.get("mem_doc_rows"), doc.get("mem_doc_valid"))
+            doc["mem_pos"], doc.get("mem_doc_rows"), doc.get("mem_doc_valid"),
+            by_length=by_length)
         pad_mask = out["encoder_padding_mask"][0] if out["encoder_padding_mask"] else None
         r_tilde, info = self.context_layer(
             r, memory, doc["query_doc"], doc["query_pos"], self.online,

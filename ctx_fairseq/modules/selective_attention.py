@@ -318,6 +318,10 @@ class ProjectedMemory:
     v_s: Optional[Tensor] = None
     k_w: Optional[Tensor] = None
     v_w: Optional[Tensor] = None
+    #: optional (the collater's ``mem_doc_rows_by_len``, ``mem_doc_len_order``,
+    #: numpy ``mem_doc_span_by_len``): each document's sentences longest first,
+    #: so that the per-document word level reads only the columns they occupy
+    by_length: Optional[Tuple[Tensor, Tensor, object]] = None
 
     @property
     def max_sentences(self) -> int:
@@ -431,8 +435,16 @@ class HierarchicalContextAttention(nn.Module):
     # ------------------------------------------------------------------ memory
     def project_memory(self, mem_keys: Tensor, mem_values: Tensor, mem_word_mask: Tensor,
                        mem_doc: Tensor, mem_pos: Tensor, doc_rows: Optional[Tensor] = None,
-                       doc_valid: Optional[Tensor] = None) -> ProjectedMemory:
+                       doc_valid: Optional[Tensor] = None,
+                       by_length: Optional[Tuple[Tensor, Tensor, object]] = None
+                       ) -> ProjectedMemory:
         """Projects the document memory once (reused by every query / decoding step).
+
+        ``by_length`` (optional, with ``doc_rows``; the collater's
+        ``mem_doc_rows_by_len``, ``mem_doc_len_order`` and host numpy
+        ``mem_doc_span_by_len``, in the columns of ``mem_keys``): each
+        document's sentences longest first; the per-document word level then
+        reads only the token columns each block of them occupies.
 
         ``mem_keys``: ``S x L x kdim`` (key source: words for K_w, their mean
         over real words for K_s); ``mem_values``: ``S x L x vdim``;
@@ -466,6 +478,12 @@ class HierarchicalContextAttention(nn.Module):
         n_words = wmask.sum(1, keepdim=True).clamp(min=1).to(keys.dtype)
         mem = ProjectedMemory(S, L, doc_ids, doc_rows, doc_valid.to(torch.bool), mem_pos,
                               wmask.any(1), wmask)
+        if by_length is not None:
+            rows_l, order_l, span_l = by_length
+            if rows_l.shape != doc_rows.shape or order_l.shape != doc_rows.shape \
+                    or tuple(span_l.shape) != tuple(doc_rows.shape) + (2,):
+                raise ValueError("by_length: D x S_max rows and order, D x S_max x 2 spans")
+            mem.by_length = by_length
         if self.uses_sentences:
             k_sent = keys.sum(1) / n_words  # mean over the real words (Sec. 3.3)
             mem.k_s = self.k_s_proj(k_sent).view(S, H, hd)
@@ -580,7 +598,17 @@ class HierarchicalContextAttention(nn.Module):
             has_context = vis.any(1)
             tok = real_tok & has_context.unsqueeze(1)  # B x T: tokens counted in stats
             bias = self._distance_bias(query_pos, memory, rows)  # B x H x 1 x S_max or None
-            lay = _Layout(T, B, rows, doc_rows, query_groups)
+            by_len = None
+            if query_groups is not None and memory.by_length is not None:
+                rows_l, order_l, span_l = memory.by_length
+                if extra:
+                    order_l = torch.cat([order_l, torch.arange(
+                        s_real, s_max, device=order_l.device).expand(order_l.size(0), -1)], 1)
+                    rows_l = nn.functional.pad(rows_l, (0, extra))
+                    span_l = np.concatenate([span_l, np.broadcast_to(
+                        np.array([memory.max_len, 0]), (span_l.shape[0], extra, 2))], 1)
+                by_len = (rows_l, order_l, span_l)
+            lay = _Layout(T, B, rows, doc_rows, query_groups, by_len)
             vis_g = lay.group(vis[:, None, None, :].expand(B, 1, T, s_max), False)
             bias_g = lay.group(bias.expand(B, H, T, s_max), 0.0) if bias is not None else None
             q_s = q_w = None
@@ -702,13 +730,25 @@ class HierarchicalContextAttention(nn.Module):
     def _word_level(self, qw: Tensor, memory: ProjectedMemory, lay: "_Layout", weight: Tensor,
                     flat: bool, want_nnz: bool):
         """The streamed word level (:func:`streamed_word_attention`) in layout
-        ``lay``: ``(out G x H x M x d, nnz, mass)``."""
+        ``lay``: ``(out G x H x M x d, nnz, mass)`` (``nnz``, ``mass`` in the
+        layout's column order: position order)."""
         drop = self.dropout_module.p if (self.training or
                                          self.dropout_module.apply_during_inference) else 0.0
-        return streamed_word_attention(qw, memory.k_w, memory.v_w, weight, lay.index,
-                                       memory.word_mask, flat=flat, word_attn=self.word_attn,
-                                       block=self.word_block, tile_elems=self.tile_elems,
-                                       dropout=drop, want_nnz=want_nnz)
+        index, spans = lay.index, None
+        if lay.order is not None:  # each document's sentences longest first
+            index, spans = lay.rows_by_len, lay.spans
+            weight = weight.gather(-1, lay.order[:, None, None, :].expand_as(weight))
+        out, nnz, mass = streamed_word_attention(
+            qw, memory.k_w, memory.v_w, weight, index, memory.word_mask, flat=flat,
+            word_attn=self.word_attn, block=self.word_block, tile_elems=self.tile_elems,
+            dropout=drop, want_nnz=want_nnz, spans=spans)
+        if lay.order is not None:  # back to position order
+            o = lay.order[:, None, None, :]
+            if nnz is not None:
+                nnz = torch.zeros_like(nnz).scatter_(-1, o.expand_as(nnz), nnz)
+            if mass is not None:
+                mass = torch.zeros_like(mass).scatter_(-1, o.expand_as(mass), mass)
+        return out, nnz, mass
 
     def _dense_word_weights(self, qw: Tensor, memory: ProjectedMemory, rows: Tensor,
                             alpha_s: Optional[Tensor], vis: Tensor,
@@ -771,12 +811,17 @@ class _Layout:
     (``G = B`` groups of ``M = T`` rows, memory sentences ``rows``; incremental
     decoding) or per document (``query_groups`` ``D x Bq``: ``G = D`` groups of
     ``M = Bq T`` rows, memory sentences ``doc_rows``; one matrix product per
-    document). Static shapes; no host read."""
+    document), there optionally with each document's sentences longest first
+    for the word level (``by_length``: rows, their columns in position order,
+    host spans). Static shapes; no host read."""
 
     def __init__(self, T: int, B: int, rows: Tensor, doc_rows: Tensor,
-                 query_groups: Optional[Tensor]):
+                 query_groups: Optional[Tensor], by_length=None):
         self.T, self.B = T, B
         self.groups = query_groups
+        self.order = self.rows_by_len = self.spans = None
+        if by_length is not None:
+            self.rows_by_len, self.order, self.spans = by_length
         if query_groups is None:
             self.index = rows
             return
@@ -874,10 +919,13 @@ class DocumentContextLayer(nn.Module):
 
     def project_memory(self, mem_keys: Tensor, mem_values: Tensor, mem_word_mask: Tensor,
                        mem_doc: Tensor, mem_pos: Tensor, doc_rows: Optional[Tensor] = None,
-                       doc_valid: Optional[Tensor] = None) -> ProjectedMemory:
+                       doc_valid: Optional[Tensor] = None,
+                       by_length: Optional[Tuple[Tensor, Tensor, object]] = None
+                       ) -> ProjectedMemory:
         """See :meth:`HierarchicalContextAttention.project_memory`."""
         return self.context_attn.project_memory(mem_keys, mem_values, mem_word_mask,
-                                                mem_doc, mem_pos, doc_rows, doc_valid)
+                                                mem_doc, mem_pos, doc_rows, doc_valid,
+                                                by_length=by_length)
 
     def forward(self, r: Tensor, memory: ProjectedMemory, query_doc: Tensor,
                 query_pos: Tensor, online: bool, query: Optional[Tensor] = None,

@@ -111,7 +111,7 @@ class _StreamedWordAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, weight, index, word_mask, flat: bool, word_attn: str, block: int,
-                tile_elems: int, p_drop: float, seed: int, want_nnz: bool):
+                tile_elems: int, p_drop: float, seed: int, want_nnz: bool, spans=None):
         G, H, M, d = q.shape
         J, L = index.size(1), k.size(2)
         dt = _compute_dtype(q)
@@ -126,8 +126,11 @@ class _StreamedWordAttention(torch.autograd.Function):
 
         def tiles():
             for g0, g1, m0, m1, j0, j1, n in _tiles(G, M, J, H, L, block, tile_elems):
-                yield (g0, g1, m0, m1, j0, j1, n,
-                       _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc))
+                cols = _columns(spans, g0, g1, j0, j1, L)
+                if cols is not None:
+                    yield (g0, g1, m0, m1, j0, j1, n,
+                           _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt,
+                                 acc, cols))
 
         for g0, g1, m0, m1, j0, j1, n, t in tiles():
             rs = (slice(g0, g1), slice(None), slice(m0, m1))
@@ -160,7 +163,7 @@ class _StreamedWordAttention(torch.autograd.Function):
                     nnz[rs + (slice(j0, j1),)] = (P != 0).sum(-2)
                     mass[rs + (slice(j0, j1),)] = P.sum(-2)
         ctx.save_for_backward(q, k, v, weight, index, word_mask, out, lse)
-        ctx.cfg = (flat, word_attn, block, tile_elems, p_drop, seed, dt, acc)
+        ctx.cfg = (flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans)
         if nnz is None:
             nnz = q.new_zeros(0, dtype=torch.int32)
         ctx.mark_non_differentiable(nnz, mass)
@@ -169,7 +172,7 @@ class _StreamedWordAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_nnz, _grad_mass):
         q, k, v, weight, index, word_mask, out, lse = ctx.saved_tensors
-        flat, word_attn, block, tile_elems, p_drop, seed, dt, acc = ctx.cfg
+        flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans = ctx.cfg
         G, H, M, d = q.shape
         J, L = index.size(1), k.size(2)
         low = torch.finfo(acc).min
@@ -183,7 +186,10 @@ class _StreamedWordAttention(torch.autograd.Function):
         dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         D = (grad * out).sum(-1) if flat else None  # G x H x M
         for g0, g1, m0, m1, j0, j1, n in _tiles(G, M, J, H, L, block, tile_elems):
-            t = _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc)
+            cols = _columns(spans, g0, g1, j0, j1, L)
+            if cols is None:  # no sentence: the tile added exactly 0
+                continue
+            t = _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc, cols)
             rs = (slice(g0, g1), slice(None), slice(m0, m1))
             go = grad[rs]
             gv = t.grad_values(go)  # gq x H x mq x L x n
@@ -211,7 +217,20 @@ class _StreamedWordAttention(torch.autograd.Function):
                 (dk.to(k.dtype) if dk is not None else None),
                 (dv.to(v.dtype) if dv is not None else None),
                 (dw.to(weight.dtype) if dw is not None else None),
-                None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None)
+
+
+def _columns(spans, g0: int, g1: int, j0: int, j1: int, L: int) -> Optional[Tuple[int, int]]:
+    """The token columns ``[c0, c1)`` a tile's sentences occupy (host numpy
+    ``spans``, ``G x J x 2``; all ``L`` without them); None when the tile
+    holds no sentence (it adds exactly 0 and is skipped)."""
+    if spans is None:
+        return 0, L
+    part = spans[g0:g1, j0:j1]
+    c0, c1 = int(part[..., 0].min()), int(part[..., 1].max())
+    if c1 <= c0:
+        return None
+    return max(0, c0), min(L, c1)
 
 
 def _keep(x: Tensor, p: float, seed: int, tile: int) -> Optional[Tensor]:
@@ -241,18 +260,21 @@ class _Tile:
     softmax over a last dim of a dozen words is about ten times slower on the
     CPU)."""
 
-    def __init__(self, q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc):
+    def __init__(self, q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc,
+                 cols=None):
         self.sl = (slice(g0, g1), slice(None), slice(m0, m1))
         self.rows = index[g0:g1, j0:j1]  # gq x n
         self.n = j1 - j0
         self.j = slice(j0, j1)
-        self.L = k.size(2)
+        c0, c1 = cols if cols is not None else (0, k.size(2))
+        self.c = slice(c0, c1)  # the token columns the tile's sentences occupy
+        self.L = c1 - c0
         self.dt, self.acc = dt, acc
-        self.k, self.v, self.wsrc = k, v, weight
+        self.k, self.v, self.wsrc = k[:, :, self.c], v[:, :, self.c], weight
         self._keys = self._values = None
         self.q = q[self.sl].to(dt)
         low = torch.finfo(acc).min
-        words = word_mask[self.rows].transpose(1, 2)  # gq x L x n
+        words = word_mask[:, self.c][self.rows].transpose(1, 2)  # gq x L x n
         self.word_bias = torch.zeros((), dtype=acc, device=q.device).masked_fill(
             ~words, low).unsqueeze(1).unsqueeze(1)  # gq x 1 x 1 x L x n
 
@@ -320,13 +342,13 @@ class _Tile:
             H, d = part.size(1), part.size(-1)
             part = part.view(gq, H, self.L, n, d).permute(0, 3, 1, 2, 4).reshape(
                 gq * n, H, self.L, d)
-            acc.index_add_(0, flat_rows, part.to(acc.dtype))
+            acc[:, :, self.c].index_add_(0, flat_rows, part.to(acc.dtype))
 
 
 def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, index: Tensor,
                             word_mask: Tensor, flat: bool, word_attn: str = "softmax",
                             block: int = WORD_BLOCK, tile_elems: int = TILE_ELEMS,
-                            dropout: float = 0.0, want_nnz: bool = False
+                            dropout: float = 0.0, want_nnz: bool = False, spans=None
                             ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """The word level over groups (see the module docstring).
 
@@ -339,13 +361,18 @@ def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, ind
     ``out`` ``G x H x M x d`` in the compute dtype; with ``want_nnz``, ``nnz``
     ``G x H x M x J`` int32 (the nonzero word weights of each sentence with
     weight, before dropout) and for flat-word ``mass`` (``G x H x M x J``
-    float32, each sentence's share of the weights), else None."""
+    float32, each sentence's share of the weights), else None. ``spans``
+    (optional, numpy ``G x J x 2`` on the host): the token columns ``[start,
+    end)`` each entry of ``index`` occupies (``(L, 0)``: none); a tile then
+    reads only the columns its sentences occupy and a tile of none is
+    skipped (with sentences ordered by length, most of the padding of a
+    document's longest sentence is never read)."""
     if word_attn not in ("softmax", "sparsemax"):
         raise ValueError(f"word_attn: expected softmax or sparsemax, got {word_attn!r}")
     seed = int(torch.randint(0, 1 << 62, (1,)).item()) if dropout > 0 else 0  # CPU generator
     out, nnz, mass = _StreamedWordAttention.apply(
         q, k, v, weight.to(torch.promote_types(q.dtype, torch.float32)), index, word_mask, bool(flat), word_attn, int(block),
-        int(tile_elems), float(dropout), seed, bool(want_nnz))
+        int(tile_elems), float(dropout), seed, bool(want_nnz), spans)
     if not want_nnz:
         return out, None, None
     return out, nnz, (mass if flat else None)
