@@ -193,13 +193,16 @@ def device_peak_tflops(device_name: str, precision: str):
 def matmul_precision(fp16: bool, bf16: bool = False) -> str:
     """The precision a CUDA run's matrix products use: ``fp16`` / ``bf16``
     under autocast, else ``tf32`` where torch lets float32 matrix products use
-    TF32 (``torch.backends.cuda.matmul.allow_tf32``, off by default, as
-    fairseq-train leaves it), else ``fp32``."""
+    TF32 (``torch.backends.cuda.matmul.allow_tf32`` or a float32 matmul
+    precision below "highest"; off by default, as fairseq-train leaves it),
+    else ``fp32``."""
     if fp16:
         return "fp16"
     if bf16:
         return "bf16"
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    tf32 = (torch.backends.cuda.matmul.allow_tf32
+            or torch.get_float32_matmul_precision() != "highest")
+    return "tf32" if tf32 else "fp32"
 
 
 def mfu(flops: float, seconds: float, peak_tflops) -> Dict[str, float]:

@@ -282,14 +282,19 @@ def test_peak_table_of_known_cards():
         device_peak_tflops("NVIDIA H100", "int8")
     import torch
 
-    saved = torch.backends.cuda.matmul.allow_tf32
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
         assert matmul_precision(False) == "fp32" and matmul_precision(True) == "fp16"
         torch.backends.cuda.matmul.allow_tf32 = True
         assert matmul_precision(False) == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision("high")
+        assert matmul_precision(False) == "tf32"
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
 
 
 def test_sweep_summary_finds_where_the_step_stops_being_host_bound():
