@@ -384,9 +384,21 @@ def check_bench_report(report, archs, fp16: bool):
         f"measured before them at {first:.1f} MB")
 
 
-@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
-def test_ctx_bench_on_cuda(fp16):
-    argv = ["--device", "cuda", "--json", "--archs", ",".join(BENCH_ARCHS), *BENCH_TINY]
+@pytest.mark.parametrize("fp16,step", [(False, "torch"), (True, "torch"), (False, "fairseq"),
+                                       (True, "fairseq")],
+                         ids=["fp32", "fp16", "fp32-fairseq-step", "fp16-fairseq-step"])
+def test_ctx_bench_on_cuda(fp16, step):
+    """``--train-step fairseq``: fairseq's Trainer (``--fp16``: the half model and
+    FP16Optimizer, as fairseq-train); MFU against the card's peak where known."""
+    from ctx_fairseq.flops import device_peak_tflops
+
+    argv = ["--device", "cuda", "--json", "--archs", ",".join(BENCH_ARCHS), *BENCH_TINY,
+            "--train-step", step]
     report = run_bench(argv + (["--fp16"] if fp16 else []))
     assert torch.cuda.get_device_name() in report["device"]
+    assert report["precision"] == ("fp16" if fp16 else "fp32")
     check_bench_report(report, BENCH_ARCHS, fp16)
+    peak, _ = device_peak_tflops(torch.cuda.get_device_name(), report["precision"])
+    assert report["peak_tflops"] == peak
+    for r in report["results"]:
+        assert r["train_tflops"] > 0 and (peak is None or 0 < r["train_mfu"] < 1), r
