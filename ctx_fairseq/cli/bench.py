@@ -246,8 +246,9 @@ class Bench:
         if not self.fairseq_step():
             return []
         a = self.args
+        # one process on one device, whatever the machine has (no DDP wrapper)
         out = ["--optimizer", "adam", "--lr", "0.0001", "--max-tokens", str(a.max_tokens),
-               "--seed", str(a.seed)]
+               "--seed", str(a.seed), "--distributed-world-size", "1"]
         if a.fp16:
             out.append("--fp16")
         if self.device.type == "cpu":
