@@ -101,65 +101,37 @@ without it :func:`memory_layout` computes it from ``mem_doc``/``mem_pos``
 with one host read per batch (the module's standalone use, the tests).
 :meth:`forward` maps each query sentence to its document's row of the index
 (``searchsorted``; a document absent from the memory has no valid entry),
-computes the visibility on the device (``B x S_max``, elementwise), and
-evaluates Eq. 3 as one gather of the sentence keys (``B x S_max x C``) and
-one masked sparsemax over ``B x H x T x S_max``. Work and memory per query
-token grow with ``S_max``, the largest document memory of the batch (the
-task's document batching keeps a batch's documents together), never with
-the batch's total memory ``S``. Sparsemax is this module's own
-(:class:`_Sparsemax`, the same values as ``entmax.sparsemax`` with a backward
-of static shape).
+computes the visibility on the device (``B x S_max``, elementwise), pads the
+index to whole blocks of ``word_block`` sentences, and arranges the queries
+in groups (:class:`_Layout`): per document when the collater's
+``query_doc_groups`` are given (training, scoring, the encoder in
+generation), else per query sentence (incremental decoding, whose rows
+follow the beam). Eq. 3 is one matrix product of each group's queries with
+its sentence keys and one masked sparsemax over ``G x H x M x S_max``
+(float32 at least). Sparsemax is this module's own (:class:`_Sparsemax`, the
+same values as ``entmax.sparsemax`` with a backward of static shape).
 
-Word level (Eq. 4-5), two static formulations, chosen from shapes only
-(:meth:`HierarchicalContextAttention._per_query_words`):
-
-* **Per query sentence** (the default where it fits): each query sentence's
-  document words are gathered once (``B x S_max x L x C``, ``_GatherRows``,
-  whose backward accumulates in float32) and shared by its ``T`` tokens: the
-  word scores of every sentence are batched GEMMs (``B x H x T x S_max x L``),
-  masked to the support of Eq. 3 and normalised, and the values read by one
-  more. Exact (no capacity), equal in value and gradient to the dense path:
-  sentences outside the support have ``alpha_s = 0`` and a zero sparsemax
-  Jacobian. Used while ``B x S_max x L x C <= dense_elems`` (default 2^28)
-  and, with a capacity, ``S_max <= T K`` (it moves no more than the per-token
-  formulation).
-* **Per token** (when the per-query gather does not fit ``dense_elems``):
-  ``K`` sentences per (query token, head). By default (``word_capacity`` 0,
-  the paper's model) ``K = S_max``, every sentence of the document, masked
-  to the support: exact, so a token's result never depends on the batch it
-  is in nor on incremental decoding. The sparsemax support has no
-  data-independent bound below the number of visible sentences (equal scores
-  put all of them in it), so a smaller static size cannot be exact. Opt-in
-  approximation, beyond the paper (``--doc-word-capacity K`` > 0): ``K =
-  min(word_capacity, S_max)`` sentences, the ``topk`` of the Eq. 3 weights:
-  exact when the support has at most ``K`` sentences; when it has more, the
-  ``K`` largest are kept and the rest dropped (not renormalised), the
-  number of such (token, head) pairs counted on the device, without a read,
-  as ``word_overflow_sum`` in the statistics; results then depend on the
-  batch's shapes (the per-query formulation, exact, is taken where it fits),
-  so a run that uses it says so where it is reported. The dense path
-  (``selective=False``), the softmax ablation of Eq. 3 and flat-word use
-  ``K = S_max``. The word scores of the
-  ``B x H x T x K`` (token, head, sentence) triples are computed by
-  :class:`_GatheredScores` and the value reading by :class:`_GatheredValues`:
-  keys and values gathered per chunk of about ``chunk_elems`` elements only
-  (forward and backward, never kept for the backward), their gradients
-  accumulated in float32 at least.
-
-Why not a data-dependent size (computing only the support pairs, the
-previous design): it needs ``nonzero``/``unique`` and Python loops over
-size buckets per document and per layer (48 ``nonzero``, 27 ``tolist``, 6
-``unique`` in one training step of a tiny model on the CPU counter); the
-static version needs none (on an H200, ``torch.cuda.set_sync_debug_mode
-("error")`` passes a forward and backward of this layer in float32 and
-float16). Measured on an H200, ``ctx-bench --fp16`` (6+6 layers, d=512,
-4,096 tokens, 100-sentence documents): training at 0.574 of the
-transformer's tokens/s with the per-query formulation (the issue measured
-0.419 for the previous version); forcing the per-token one (K = 32) gave
-0.357, K = 8 0.542 (with 52% of the token-heads overflowing at
-initialisation). One layer alone, 100 queries of 30 tokens over a
-100-sentence document, forward + backward in float32, per token: 20 / 34 /
-64 ms for K = 8 / 16 / 32 against 42 ms for the previous version.
+Word level (Eq. 4-5; Eq. 6 flat-word): streamed over blocks of memory
+sentences by :func:`ctx_fairseq.modules.word_attention.streamed_word_attention`
+(its docstring has the equations and gradients). Eq. 4 normalises within one
+sentence and Eq. 5 multiplies by that sentence's weight, so a block of whole
+sentences is complete: per block, one matrix product with the block's word
+keys, the per-sentence normaliser, the weights, one product with the values;
+the backward recomputes the block. No tensor pairs every query token with
+every word of its document; memory is linear in the document
+(``O(B H T S_max)`` for the sentence weights plus one tile). Sentences
+outside the Eq. 3 support have weight 0 and a zero sparsemax Jacobian, so
+weighting every sentence equals restricting to the support: exact (equal to
+the previous gathered implementation, tested from git), and ``selective``
+(the model's ``--dense-doc-attention`` off) and the dense setting are one
+computation. With the collater's ``mem_doc_rows_by_len`` (each document's
+sentences longest first) and host spans, a block reads only the token
+columns its sentences occupy. The blocks start at each group's first memory
+sentence and have a fixed size, tiles past a group's last sentence add
+exactly 0, and the sentence level uses contiguous matrix products, so a
+sentence's result does not depend on which other documents share its batch
+(tested bitwise in float32 on the CPU). FLOPs and memory as formulas:
+docs/transformer_selective_doc.md.
 
 Decoder integration / incremental decoding: queries are independent per
 position and the module keeps no state across steps, so a decoder computes
@@ -339,10 +311,10 @@ class HierarchicalContextAttention(nn.Module):
         sentence_attn: Eq. 3 normaliser, "sparsemax" (paper) or "softmax" (ablation).
         word_attn: Eq. 4 normaliser, "softmax" (sparse-soft) or "sparsemax"
             (sparse-sparse).
-        selective: hierarchical with a sparsemax Eq. 3 only: evaluate Eq. 4-5
-            only on the sentences of the Eq. 3 support (masked; with
-            ``word_capacity`` > 0 on at most that many sentences of largest
-            Eq. 3 weight per (token, head)) instead of on every sentence.
+        selective: kept for old configurations (``--dense-doc-attention``):
+            the streamed word level weights every sentence by its Eq. 3
+            weight, 0 outside the support, so both settings are one
+            computation.
         attention_dropout: dropout on the final attention weights.
         kdim / vdim: feature dims of ``mem_keys`` / ``mem_values`` (default ``C``).
         sentence_distance: ``N`` > 0: learned per-head bias on the sentence
@@ -560,8 +532,8 @@ class HierarchicalContextAttention(nn.Module):
           the sums behind the three means are ``sentence_support_sum``,
           ``visible_sentences_sum`` and ``word_support_sum`` (so that means can
           be pooled exactly across batches: sum / count); hierarchical:
-          ``word_overflow_sum``, the number of those (token, head) whose
-          Eq. 3 support exceeded the word level's capacity (0 = exact).
+          ``word_overflow_sum``, 0 (kept for the logs of the removed
+          capacity: the word level is exact).
           ``query_padding_mask`` (``B x T``, True = pad) only serves these
           statistics.
         """
