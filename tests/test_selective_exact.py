@@ -310,3 +310,29 @@ def test_sentences_by_length_read_only_their_columns():
     assert sorted(by["mem_doc_len_order"][0].tolist()) == list(range(n))
     assert np.array_equal(by["mem_doc_rows_by_len"][0].numpy(),
                           rows[0].numpy()[by["mem_doc_len_order"][0].numpy()])
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 10.0], ids=["wide-support", "support", "narrow"])
+def test_sparsemax_partial_sort_is_the_full_sort_bitwise(scale):
+    """On the CPU the sentence sparsemax seeks its threshold among the 64
+    largest entries first: the same values bit for bit (and gradients) as
+    the full sort, also where the support is wider (the full sort then
+    runs) and with masked entries."""
+    from ctx_fairseq.modules.selective_attention import _Sparsemax
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 20, 300, generator=g) * scale
+    x[0, 0, :, 100:] = torch.finfo(torch.float32).min
+    w = torch.randn(x.shape, generator=g)
+    res = []
+    for top in (_Sparsemax.TOP, 10 ** 9):
+        old, _Sparsemax.TOP = _Sparsemax.TOP, top
+        try:
+            xx = x.clone().requires_grad_()
+            out = _Sparsemax.apply(xx)
+            (out * w).sum().backward()
+            res.append((out.detach(), xx.grad))
+        finally:
+            _Sparsemax.TOP = old
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
+    assert (int((res[0][0] > 0).sum(-1).max()) > 64) == (scale == 0.01)
