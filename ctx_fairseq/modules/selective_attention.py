@@ -156,7 +156,11 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from ctx_fairseq.modules.context_statistics import mean_gate_sum, real_tokens
-from ctx_fairseq.modules.word_attention import TILE_ELEMS, WORD_BLOCK, streamed_word_attention
+from ctx_fairseq.modules.word_attention import (
+    WORD_BLOCK,
+    streamed_word_attention,
+    tile_elems_for,
+)
 
 __all__ = [
     "masked_normalize",
@@ -342,7 +346,8 @@ class HierarchicalContextAttention(nn.Module):
             (:mod:`ctx_fairseq.modules.word_attention`; fixed, never derived
             from the batch).
         tile_elems: about how many score elements one tile of the word level
-            holds (forward and backward).
+            holds (forward and backward); None: the device's default
+            (:data:`ctx_fairseq.modules.word_attention.TILE_ELEMS`).
 
     Shapes: ``query`` ``T x B x C``; ``query_doc``/``query_pos`` ``(B,)`` long;
     ``mem_keys`` ``S x L x kdim``, ``mem_values`` ``S x L x vdim``,
@@ -355,7 +360,7 @@ class HierarchicalContextAttention(nn.Module):
                  selective: bool = True, attention_dropout: float = 0.0,
                  kdim: Optional[int] = None, vdim: Optional[int] = None,
                  sentence_distance: int = 0, word_capacity: int = WORD_CAPACITY,
-                 word_block: int = WORD_BLOCK, tile_elems: int = TILE_ELEMS):
+                 word_block: int = WORD_BLOCK, tile_elems: Optional[int] = None):
         super().__init__()
         if attention not in ATTENTION_TYPES:
             raise ValueError(f"attention: expected one of {ATTENTION_TYPES}, got {attention!r}")
@@ -369,7 +374,7 @@ class HierarchicalContextAttention(nn.Module):
             raise ValueError(
                 f"word_capacity {word_capacity}: the word level's capacity (--doc-word-capacity) "
                 "was removed; the streamed word level is exact and faster (0 is the only value)")
-        if int(word_block) < 1 or int(tile_elems) < 1:
+        if int(word_block) < 1 or (tile_elems is not None and int(tile_elems) < 1):
             raise ValueError(f"word_block and tile_elems must be >= 1, got {word_block}, "
                              f"{tile_elems}")
         self.embed_dim = embed_dim
@@ -384,7 +389,7 @@ class HierarchicalContextAttention(nn.Module):
         self.selective = selective
         self.word_capacity = 0
         self.word_block = int(word_block)
-        self.tile_elems = int(tile_elems)
+        self.tile_elems = int(tile_elems) if tile_elems else None  # None: the device's default
         self.uses_sentences = attention in ("hierarchical", "flat-sentence")
         self.uses_words = attention in ("hierarchical", "flat-word")
         self.sentence_distance = int(sentence_distance)
@@ -888,7 +893,7 @@ class DocumentContextLayer(nn.Module):
                  activation_fn: str = "relu", kdim: Optional[int] = None,
                  vdim: Optional[int] = None, export: bool = False,
                  sentence_distance: int = 0, word_capacity: int = WORD_CAPACITY,
-                 word_block: int = WORD_BLOCK, tile_elems: int = TILE_ELEMS):
+                 word_block: int = WORD_BLOCK, tile_elems: Optional[int] = None):
         super().__init__()
         self.embed_dim = embed_dim
         self.context_attn = HierarchicalContextAttention(

@@ -59,12 +59,22 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["streamed_word_attention", "WORD_BLOCK", "TILE_ELEMS"]
+__all__ = ["streamed_word_attention", "WORD_BLOCK", "TILE_ELEMS", "tile_elems_for"]
 
 #: memory sentences per block (fixed: a sentence's result must not depend on the batch)
 WORD_BLOCK = 32
-#: about how many score elements one tile holds (group, row and block chunks)
-TILE_ELEMS = 1 << 23
+#: about how many score elements one tile holds (group, row and block chunks): on
+#: the CPU (cache-sized temporaries) and on an accelerator (fewer, larger kernels: a
+#: tile's dozen float32 temporaries take about 3 GiB there); the tiles split only
+#: independent query rows, so the result does not depend on it
+TILE_ELEMS = {"cpu": 1 << 23, "default": 1 << 26}
+
+
+def tile_elems_for(device: torch.device, tile_elems: Optional[int] = None) -> int:
+    """``tile_elems`` if given, else the default of ``device``'s type."""
+    if tile_elems:
+        return int(tile_elems)
+    return TILE_ELEMS.get(torch.device(device).type, TILE_ELEMS["default"])
 
 
 def _compute_dtype(t: Tensor) -> torch.dtype:
@@ -347,7 +357,7 @@ class _Tile:
 
 def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, index: Tensor,
                             word_mask: Tensor, flat: bool, word_attn: str = "softmax",
-                            block: int = WORD_BLOCK, tile_elems: int = TILE_ELEMS,
+                            block: int = WORD_BLOCK, tile_elems: Optional[int] = None,
                             dropout: float = 0.0, want_nnz: bool = False, spans=None
                             ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """The word level over groups (see the module docstring).
@@ -372,7 +382,7 @@ def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, ind
     seed = int(torch.randint(0, 1 << 62, (1,)).item()) if dropout > 0 else 0  # CPU generator
     out, nnz, mass = _StreamedWordAttention.apply(
         q, k, v, weight.to(torch.promote_types(q.dtype, torch.float32)), index, word_mask, bool(flat), word_attn, int(block),
-        int(tile_elems), float(dropout), seed, bool(want_nnz), spans)
+        tile_elems_for(q.device, tile_elems), float(dropout), seed, bool(want_nnz), spans)
     if not want_nnz:
         return out, None, None
     return out, nnz, (mass if flat else None)
