@@ -14,7 +14,7 @@ backward, optimizer step) on the chosen batch:
 * ``--pick largest-memory``: the batch whose document memory has the most
   sentences visible to one query (for the document-memory models; the
   acceptance shape of issue 24: a whole TV episode);
-* ``--pick first``: the first batch.
+* ``--pick first``: the first batch; ``--pick nth --nth N``: batch ``N``.
 
 The first step is a warm-up (it fills, for instance, the frozen memory's
 cache, as the first epoch of a real run does) and is reported apart. Printed
@@ -33,7 +33,8 @@ import torch
 
 def _own_args(argv):
     p = argparse.ArgumentParser(prog="bench_train_step.py")
-    p.add_argument("--pick", choices=["largest-memory", "first"], default="largest-memory")
+    p.add_argument("--pick", choices=["largest-memory", "first", "nth"], default="largest-memory")
+    p.add_argument("--nth", type=int, default=0, help="--pick nth: the batch's number (from 0)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--scan", type=int, default=0,
                    help="look at only the first N batches of the epoch (0: all)")
@@ -76,10 +77,12 @@ def main(argv=None):
     for i, sample in enumerate(itr):
         if own.scan and i >= own.scan:
             break
-        key = _memory_visible(sample) if own.pick == "largest-memory" else -i
+        if own.pick == "nth" and i < own.nth:
+            continue
+        key = _memory_visible(sample) if own.pick == "largest-memory" else 0
         if key > best_key:
             best, best_key = sample, key
-        if own.pick == "first":
+        if own.pick in ("first", "nth"):
             break
     if best is None:
         sys.exit("bench_train_step.py: error: the training split formed no batch")

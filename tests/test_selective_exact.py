@@ -79,54 +79,130 @@ def test_blocks_and_tiles_do_not_change_the_result(mode):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
-def _doc(g, n, width, words):
-    """``n`` sentences of at most ``words`` real words, padded to ``width``."""
-    keys = torch.randn(n, width, 32, generator=g)
-    lens = torch.randint(1, words + 1, (n,), generator=g)
-    mask = torch.arange(width)[None] < lens[:, None]
-    mask[n // 3] = False  # a sentence without words
-    return keys, mask
+def _batch(docs, C_, seed):
+    """A collated batch as the task's collater gives it, for the module: each
+    document ``(memory sentences, memory width, query sentences, query width)``
+    with random lengths and vectors drawn from its own seed (a document is
+    the same in every batch), tokens left-padded to the batch's widths
+    (words, then ``</s>`` in the last column), its queries at its end
+    (online); returns the module's inputs and the collater's index arguments
+    (per-document groups, real query tokens and their counts, the memory by
+    length)."""
+    from ctx_fairseq.data.document_dataset import (
+        memory_by_length,
+        query_groups,
+        query_token_groups,
+    )
+    from ctx_fairseq.modules.selective_attention import memory_layout
+
+    L = max(w for _, w, _, _ in docs)
+    T = max(w for _, _, _, w in docs)
+    keys, mask, doc, pos, qs, q_len, qd, qp, mlen = [], [], [], [], [], [], [], [], []
+    for d, spec in enumerate(docs):
+        n, width, nq, qw = spec
+        g = torch.Generator().manual_seed(seed * 1000 + sum(x * 31 ** i for i, x in enumerate(spec)))
+        tok = torch.randint(2, width + 1, (n,), generator=g)
+        tok[n // 3] = 1  # a sentence without words (only </s>)
+        k = torch.zeros(n, L, C_)
+        k[:, L - width:] = torch.randn(n, width, C_, generator=g)
+        keys.append(k)
+        mlen.append(tok)
+        mask.append((torch.arange(L)[None] >= L - tok[:, None]) & (torch.arange(L)[None] < L - 1))
+        doc.append(torch.full((n,), d))
+        pos.append(torch.arange(n))
+        ql = torch.randint(1, qw + 1, (nq,), generator=g)
+        qv = torch.zeros(T, nq, C_)
+        qv[T - qw:] = torch.randn(qw, nq, C_, generator=g)
+        qs.append(qv)
+        q_len.append(ql)
+        qd.append(torch.full((nq,), d))
+        qp.append(torch.arange(n - nq, n) + 1)
+    keys, mask, doc, pos = torch.cat(keys), torch.cat(mask), torch.cat(doc), torch.cat(pos)
+    q, q_len, qd, qp, mlen = torch.cat(qs, 1), torch.cat(q_len), torch.cat(qd), torch.cat(qp), \
+        torch.cat(mlen)
+    B = len(q_len)
+    pad = torch.arange(T)[None] < T - q_len[:, None]  # B x T, True = padding (left)
+    _, rows, valid = memory_layout(doc, pos)
+    by = memory_by_length(rows.numpy(), valid.numpy(), mlen.numpy(), L, True)
+    groups = query_groups(qd.numpy(), len(docs))
+    tokens = query_token_groups(groups, q_len.numpy(), T, True)
+    layout = dict(query_groups=torch.from_numpy(groups), query_tokens=torch.from_numpy(tokens),
+                  group_rows=(tokens < B * T).sum(1))
+    memory = (keys, mask, doc, pos, rows, valid,
+              (by["mem_doc_rows_by_len"], by["mem_doc_len_order"], by["mem_doc_span_by_len"]))
+    return q, pad, qd, qp, memory, layout
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["per-sentence", "per-document"])
+def _forward(m, q, pad, qd, qp, memory, layout, online=True):
+    keys, mask, doc, pos, rows, valid, by_length = memory
+    if layout is None:  # per query sentence, every token column
+        pm = m.project_memory(keys, keys, mask, doc, pos, rows, valid)
+        return m(q, pm, qd, qp, online, query_padding_mask=pad, return_stats=True)
+    pm = m.project_memory(keys, keys, mask, doc, pos, rows, valid, by_length=by_length)
+    return m(q, pm, qd, qp, online, query_padding_mask=pad, return_stats=True, **layout)
+
+
 @pytest.mark.parametrize("mode", MODES, ids=IDS)
-def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode, grouped):
-    """Float32, CPU: the outputs and query gradients of document A's
-    sentences are bitwise the same alone and beside a document B with more
-    sentences, longer memory sentences (L), longer queries (T) and more query
-    sentences (the batch's S_max, L, T, B, D and query groups all change)."""
-    torch.manual_seed(0)
-    m = HierarchicalContextAttention(32, 4, *mode, sentence_distance=3)
-    with torch.no_grad():
-        m.distance_bias.normal_()
-    g = torch.Generator().manual_seed(1)
-    kA, mA = _doc(g, 40, 6, 6)
-    kB, mB = _doc(g, 100, 11, 11)
-    qA = torch.randn(5, 10, 32, generator=g)
-    qB = torch.randn(9, 20, 32, generator=g)
-    kA2 = torch.cat([kA, torch.zeros(40, 5, 32)], 1)
-    mA2 = torch.cat([mA, torch.zeros(40, 5, dtype=torch.bool)], 1)
-    q2 = torch.zeros(9, 30, 32)
-    q2[:5, :10], q2[:, 10:] = qA, qB
-    batches = [
-        (kA, mA, torch.zeros(40, dtype=torch.long), torch.arange(40), qA,
-         torch.zeros(10, dtype=torch.long), torch.arange(30, 40)),
-        (torch.cat([kA2, kB]), torch.cat([mA2, mB]),
-         torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(100, dtype=torch.long)]),
-         torch.cat([torch.arange(40), torch.arange(100)]), q2,
-         torch.cat([torch.zeros(10, dtype=torch.long), torch.ones(20, dtype=torch.long)]),
-         torch.cat([torch.arange(30, 40), torch.arange(80, 100)])),
-    ]
+def test_collated_layout_equals_per_sentence(mode):
+    """The collater's layout (per document, real query tokens only, memory
+    sentences by length, each document's own rows and columns) equals the
+    per-sentence layout over every column at the real query tokens (values,
+    statistics, gradients of the queries and the memory; float64), with
+    documents of different sizes and widths."""
+    docs = [(50, 9, 6, 7), (7, 4, 3, 5), (20, 14, 9, 3)]
+    q, pad, qd, qp, memory, layout = _batch(docs, 32, 5)
     res = []
-    for keys, mask, doc, pos, q, qd, qp in batches:
-        q = q.clone().requires_grad_()
-        pm = m.project_memory(keys, keys, mask, doc, pos)
-        kw = {"query_groups": m.group_queries(pm, qd)} if grouped else {}
-        out, _ = m(q, pm, qd, qp, True, **kw)
-        out[:5, :10].sum().backward()
-        res.append((out[:5, :10].detach(), q.grad[:5, :10]))
-    assert torch.equal(res[0][0], res[1][0])
-    assert torch.equal(res[0][1], res[1][1])
+    for lay in (None, layout):
+        torch.manual_seed(0)
+        m = HierarchicalContextAttention(32, 4, *mode, sentence_distance=2).double()
+        with torch.no_grad():
+            m.distance_bias.normal_()
+        qq = q.double().clone().requires_grad_()
+        k = memory[0].double().clone().requires_grad_()
+        out, info = _forward(m, qq, pad, qd, qp, (k,) + memory[1:], lay)
+        real = (~pad).t().unsqueeze(-1)  # T x B x 1
+        (out * real * torch.randn(out.shape, generator=torch.Generator().manual_seed(1),
+                                  dtype=out.dtype)).sum().backward()
+        res.append((out * real, info, qq.grad * real, k.grad,
+                    [p.grad for p in m.parameters()]))
+    (o1, i1, q1, k1, p1), (o2, i2, q2, k2, p2) = res
+    torch.testing.assert_close(o2, o1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(q2, q1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(k2, k1, rtol=0, atol=1e-12)
+    for a, b in zip(p1, p2):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+    for key in ("sentence_support_sum", "visible_sentences_sum", "word_support_sum",
+                "num_token_heads", "num_support_pairs"):
+        if key in i1:
+            torch.testing.assert_close(i2[key], i1[key], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode):
+    """Float32, CPU, head size 16, the collater's layout: the outputs and the
+    query gradients of document A's sentences are bitwise the same alone and
+    beside documents with more memory sentences, wider memory sentences (L),
+    longer queries (T) and more query sentences (the batch's S_max, L, T, B,
+    D and the padded widths of every index all change)."""
+    a = (40, 6, 10, 5)
+    res = []
+    for docs in ([a], [a, (100, 11, 20, 9)], [(3, 15, 2, 12), a, (60, 8, 4, 4)]):
+        q, pad, qd, qp, memory, layout = _batch(docs, 64, 7)
+        rows_a = (qd == docs.index(a)).nonzero().squeeze(1)
+        torch.manual_seed(0)
+        m = HierarchicalContextAttention(64, 4, *mode, sentence_distance=3)
+        with torch.no_grad():
+            m.distance_bias.normal_()
+        qq = q.clone().requires_grad_()
+        out, _ = _forward(m, qq, pad, qd, qp, memory, layout)
+        real = (~pad[rows_a]).t().unsqueeze(-1)
+        (out[:, rows_a] * real).sum().backward()
+        T = q.size(0)  # document A's queries: the last 5 positions (left padding)
+        res.append(((out[:, rows_a] * real)[T - 5:].detach(),
+                    (qq.grad[:, rows_a] * real)[T - 5:]))
+    for o, g in res[1:]:
+        assert torch.equal(o, res[0][0])
+        assert torch.equal(g, res[0][1])
 
 
 def _layer_inputs(n_sent, B=8, T=6, Lw=8, C_=16, seed=0):

@@ -309,6 +309,34 @@ def memory_by_length(doc_rows: np.ndarray, valid: np.ndarray, lengths: np.ndarra
             "mem_doc_span_by_len": span}
 
 
+def query_token_groups(groups: np.ndarray, lengths: np.ndarray, width: int,
+                       left_pad: bool) -> np.ndarray:
+    """The real (non-padding) query tokens of each document of a batch:
+    ``D x M_max`` int64, row ``d`` the flat positions ``b * width + t`` of the
+    tokens of the query sentences ``groups[d]`` (:func:`query_groups`), padded
+    with ``B * width``. ``lengths``: tokens per batch row; ``width``: the
+    padded width of the batch's source (left- or right-padded). The selective
+    word level then computes no padded query row."""
+    B = len(lengths)
+    parts = []
+    for row in groups:
+        rows = row[row < B]
+        if len(rows) == 0:
+            parts.append(np.zeros(0, dtype=np.int64))
+            continue
+        lens = np.asarray(lengths, dtype=np.int64)[rows]
+        ends = np.cumsum(lens)
+        k = np.arange(int(ends[-1]), dtype=np.int64)
+        which = np.searchsorted(ends, k, side="right")
+        t = k - (ends - lens)[which]
+        t = t + (width - lens[which]) if left_pad else t
+        parts.append(rows[which] * width + t)
+    out = np.full((len(groups), max([1] + [len(x) for x in parts])), B * width, dtype=np.int64)
+    for d, x in enumerate(parts):
+        out[d, :len(x)] = x
+    return out
+
+
 def query_groups(query_doc: np.ndarray, num_docs: int) -> np.ndarray:
     """The query sentences of each document of a batch: ``D x Bq_max`` int64,
     row ``d`` the batch rows ``b`` with ``query_doc[b] == d`` in batch order,
@@ -993,6 +1021,12 @@ class DocumentContextDataset(FairseqDataset):
                 dropped = np.array([bool(s.get("ctx_dropped")) for s in ordered])
                 masked = np.array([bool(s.get("coword_masked")) for s in ordered])
             ni.update(self.collate_memory(ids, dropped=dropped, masked=masked))
+            # the real query tokens of each document (the source's, for a context
+            # layer on the encoder side)
+            tokens = query_token_groups(ni["query_doc_groups"].numpy(), ni["src_lengths"].numpy(),
+                                        ni["src_tokens"].size(1), self.left_pad_source)
+            ni["query_doc_tokens"] = torch.from_numpy(tokens)
+            ni["query_doc_token_counts"] = (tokens < ni["src_tokens"].numel()).sum(1)  # numpy
         if "src" in self.windows and self.document_context != "none":
             offs = data_utils.collate_tokens([s["src_ctx_offsets"] for s in ordered], 0, 0,
                                              left_pad=self.left_pad_source, pad_to_length=1,
@@ -1100,7 +1134,11 @@ class DocumentContextDataset(FairseqDataset):
           largest memory of a document, at least 1): the memory rows of
           document ``d`` in position order (0 where not valid);
           ``query_doc_groups`` (``D x Bq_max``, :func:`query_groups`): the
-          batch rows of each document's query sentences, padded with ``B``;
+          batch rows of each document's query sentences, padded with ``B``,
+          and (numpy, on the host) ``query_doc_sizes``, their numbers (the
+          collater adds ``query_doc_tokens``, :func:`query_token_groups`, and
+          numpy ``query_doc_token_counts``: the real source tokens of each
+          document's queries);
           ``mem_doc_rows_by_len``, ``mem_doc_len_order`` and (numpy, on the
           host) ``mem_doc_span_by_len`` (:func:`memory_by_length`): each
           document's memory sentences longest first and the token columns
@@ -1157,7 +1195,9 @@ class DocumentContextDataset(FairseqDataset):
         out["mem_doc_valid"] = torch.from_numpy(valid)
         # the query sentences of each document (D x Bq_max, rows in batch order,
         # padded with B): the selective word level's per-document layout
-        out["query_doc_groups"] = torch.from_numpy(query_groups(query_doc, len(docs)))
+        groups = query_groups(query_doc, len(docs))
+        out["query_doc_groups"] = torch.from_numpy(groups)
+        out["query_doc_sizes"] = (groups < len(ids)).sum(1)  # numpy: it stays on the host
         out["mem_state_index"] = torch.from_numpy(state)
         out["mem_extra_rows"] = torch.from_numpy(extra)
         sides = [("src", self.src_dict, self.left_pad_source)]

@@ -190,12 +190,14 @@ MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "m
                "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask",
                "mem_doc_rows", "mem_doc_valid", "mem_state_index", "mem_extra_rows",
                "mem_src_key", "mem_tgt_key", "query_doc_groups", "mem_doc_rows_by_len",
-               "mem_doc_len_order", "mem_doc_span_by_len")
+               "mem_doc_len_order", "mem_doc_span_by_len", "query_doc_sizes", "query_doc_tokens",
+               "query_doc_token_counts")
 #: follow the beam (one row per query sentence); every other key is per document
 QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
 #: index the batch's rows: dropped when the rows are reordered (the beam), after which
 #: the word level runs per query sentence
-ROW_INDEX_KEYS = ("query_doc_groups",)
+ROW_INDEX_KEYS = ("query_doc_groups", "query_doc_sizes", "query_doc_tokens",
+                  "query_doc_token_counts")
 #: frozen memory: padded tokens per no-grad forward of the frozen model
 MEMORY_CHUNK_TOKENS = 8192
 #: frozen memory: default number of cache entries (``--memory-cache-sentences``)
@@ -211,6 +213,23 @@ def _context_layer(args, embed_dim: int, heads: int, ffn: int) -> DocumentContex
         activation_fn=getattr(args, "activation_fn", "relu") or "relu",
         sentence_distance=int(getattr(args, "doc_sentence_distance", 0) or 0),
         word_capacity=int(getattr(args, "doc_word_capacity", WORD_CAPACITY) or WORD_CAPACITY))
+
+
+def _query_layout(doc, T: int, src_width: Optional[int]) -> Dict[str, object]:
+    """The context layer's query layout arguments from the collater's keys:
+    per document (``query_doc_groups``), on the real source tokens only
+    (``query_doc_tokens``, when the queries are the batch's source positions:
+    ``T == src_width``), with each document's real rows (host numpy) so that
+    no padding row is computed."""
+    groups = doc.get("query_doc_groups")
+    if groups is None:
+        return {}
+    tokens, counts = doc.get("query_doc_tokens"), doc.get("query_doc_token_counts")
+    if src_width is not None and T == src_width and tokens is not None and counts is not None:
+        return {"query_groups": groups, "query_tokens": tokens, "group_rows": counts}
+    sizes = doc.get("query_doc_sizes")
+    return {"query_groups": groups,
+            "group_rows": None if sizes is None else np.asarray(sizes) * T}
 
 
 def _real_words(tokens: Tensor, dictionary) -> Tensor:
@@ -528,7 +547,7 @@ class SelectiveDocEncoder(TransformerEncoderBase):
             r, memory, doc["query_doc"], doc["query_pos"], self.online,
             query_padding_mask=pad_mask, need_weights=self.record_stats,
             return_stats=self.record_stats or self.record_statistics,
-            query_groups=doc.get("query_doc_groups"))
+            **_query_layout(doc, r.size(0), src_tokens.size(1)))
         out["encoder_out"] = [r_tilde]
         self.last_info = _detached(info)
         return out
@@ -787,8 +806,9 @@ class SelectiveDocDecoder(TransformerDecoderBase):
             self.online, query=query, query_padding_mask=pad_mask,
             need_weights=self.record_stats,
             return_stats=self.record_stats or self.record_statistics,
-            query_groups=(encoder_out.get("query_doc_groups", [None])[0]
-                          if incremental_state is None else None))
+            **(_query_layout({k: encoder_out.get(k, [None])[0]
+                              for k in ("query_doc_groups", "query_doc_sizes")}, x.size(1), None)
+               if incremental_state is None else {}))
         self.last_info = _detached(info)
         return r_tilde.transpose(0, 1), extra
 

@@ -248,7 +248,10 @@ def masked_normalize(scores: Tensor, mask: Tensor, kind: str,
         x = x.float()
     if kind not in NORMALIZERS:
         raise ValueError(f"unknown normaliser {kind!r}; expected one of {NORMALIZERS}")
-    x = x.masked_fill(~mask, torch.finfo(x.dtype).min).masked_fill(~row_ok, 0.0)
+    # a row with no allowed entry: one finite entry (its support is 1; the row
+    # is zeroed below), not a row of equal ones whose support is every entry
+    first = torch.arange(x.size(-1), device=x.device) == 0
+    x = x.masked_fill(~mask, torch.finfo(x.dtype).min).masked_fill(~row_ok & first, 0.0)
     p = sparsemax(x) if kind == "sparsemax" else torch.softmax(x, dim=-1)
     return p.masked_fill(~row_ok, 0.0).to(scores.dtype if dtype is None else dtype)
 
@@ -516,9 +519,18 @@ class HierarchicalContextAttention(nn.Module):
     def forward(self, query: Tensor, memory: ProjectedMemory, query_doc: Tensor,
                 query_pos: Tensor, online: bool, query_padding_mask: Optional[Tensor] = None,
                 need_weights: bool = False, need_word_weights: bool = False,
-                return_stats: bool = False,
-                query_groups: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
+                return_stats: bool = False, query_groups: Optional[Tensor] = None,
+                query_tokens: Optional[Tensor] = None,
+                group_rows=None) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Context attention for ``query`` (``T x B x C``) over ``memory``.
+
+        ``query_tokens`` (``D x M_max``, with ``query_groups``; the collater's
+        ``query_doc_tokens``): the flat positions ``b T + t`` of each
+        document's real query tokens, padded with ``B T``: the word level then
+        runs on those rows only (a padding row's output is 0). ``group_rows``
+        (host numpy ``D``; ``query_doc_token_counts``, or ``query_doc_sizes``
+        times ``T``): each document's real rows, so that no tile computes
+        padding rows.
 
         ``query_groups`` (``D x Bq_max`` long, the collater's
         ``query_doc_groups``; :meth:`group_queries` without one): the batch
@@ -602,7 +614,10 @@ class HierarchicalContextAttention(nn.Module):
                     span_l = np.concatenate([span_l, np.broadcast_to(
                         np.array([memory.max_len, 0]), (span_l.shape[0], extra, 2))], 1)
                 by_len = (rows_l, order_l, span_l)
-            lay = _Layout(T, B, rows, doc_rows, query_groups, by_len)
+            if query_groups is not None and query_groups.size(0) != doc_rows.size(0):
+                raise ValueError(f"query_groups: {query_groups.size(0)} documents, the memory "
+                                 f"index {doc_rows.size(0)}")
+            lay = _Layout(T, B, rows, doc_rows, query_groups, by_len, query_tokens, group_rows)
             vis_g = lay.group(vis[:, None, None, :].expand(B, 1, T, s_max), False)
             bias_g = lay.group(bias.expand(B, H, T, s_max), 0.0) if bias is not None else None
             q_s = q_w = None
@@ -735,7 +750,8 @@ class HierarchicalContextAttention(nn.Module):
         out, nnz, mass = streamed_word_attention(
             qw, memory.k_w, memory.v_w, weight, index, memory.word_mask, flat=flat,
             word_attn=self.word_attn, block=self.word_block, tile_elems=self.tile_elems,
-            dropout=drop, want_nnz=want_nnz, spans=spans)
+            dropout=drop, want_nnz=want_nnz, spans=spans,
+            group_rows=lay.group_rows if spans is not None else None)
         if lay.order is not None:  # back to position order
             o = lay.order[:, None, None, :]
             if nnz is not None:
@@ -810,17 +826,26 @@ class _Layout:
     host spans). Static shapes; no host read."""
 
     def __init__(self, T: int, B: int, rows: Tensor, doc_rows: Tensor,
-                 query_groups: Optional[Tensor], by_length=None):
+                 query_groups: Optional[Tensor], by_length=None,
+                 query_tokens: Optional[Tensor] = None, group_rows=None):
         self.T, self.B = T, B
         self.groups = query_groups
+        self.tokens = query_tokens if query_groups is not None else None
+        self.group_rows = group_rows if query_groups is not None else None
         self.order = self.rows_by_len = self.spans = None
         if by_length is not None:
             self.rows_by_len, self.order, self.spans = by_length
         if query_groups is None:
             self.index = rows
             return
-        D, Bq = query_groups.shape
         self.index = doc_rows
+        if self.tokens is not None:  # the real tokens of each document's queries
+            D, Mq = self.tokens.shape
+            inv = torch.full((B * T + 1,), D * Mq, dtype=torch.long, device=rows.device)
+            inv[self.tokens.reshape(-1)] = torch.arange(D * Mq, device=rows.device)
+            self.inv = inv[:B * T]  # each (b, t)'s place in the groups (D*Mq: none)
+            return
+        D, Bq = query_groups.shape
         inv = torch.full((B + 1,), D * Bq, dtype=torch.long, device=rows.device)
         inv[query_groups.reshape(-1)] = torch.arange(D * Bq, device=rows.device)
         self.inv = inv[:B]  # each batch row's place in the groups (D*Bq: none)
@@ -829,6 +854,12 @@ class _Layout:
         """``B x F x T x E`` -> ``G x F x M x E`` (rows of no sentence: ``fill``)."""
         if self.groups is None:
             return x
+        if self.tokens is not None:
+            D, Mq = self.tokens.shape
+            F, E = x.size(1), x.size(-1)
+            flat = x.transpose(1, 2).reshape(self.B * self.T, F, E)
+            flat = torch.cat([flat, flat.new_full((1, F, E), fill)])[self.tokens]  # D x Mq x F x E
+            return flat.transpose(1, 2)
         D, Bq = self.groups.shape
         pad = x.new_full((1,) + x.shape[1:], fill)
         x = torch.cat([x, pad])[self.groups]  # D x Bq x F x T x E
@@ -838,6 +869,12 @@ class _Layout:
         """``G x F x M x E`` -> ``B x F x T x E`` (a row in no group: 0)."""
         if self.groups is None:
             return x
+        if self.tokens is not None:
+            D, Mq = self.tokens.shape
+            F, E = x.size(1), x.size(-1)
+            flat = x.transpose(1, 2).reshape(D * Mq, F, E)
+            flat = torch.cat([flat, flat.new_zeros((1, F, E))])[self.inv]  # B*T x F x E
+            return flat.view(self.B, self.T, F, E).transpose(1, 2)
         D, Bq = self.groups.shape
         F, E = x.size(1), x.size(-1)
         x = x.reshape(D, F, Bq, self.T, E).transpose(1, 2).reshape(D * Bq, F, self.T, E)
@@ -925,7 +962,8 @@ class DocumentContextLayer(nn.Module):
                 query_pos: Tensor, online: bool, query: Optional[Tensor] = None,
                 query_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
                 need_word_weights: bool = False, return_stats: bool = False,
-                query_groups: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
+                query_groups: Optional[Tensor] = None, query_tokens: Optional[Tensor] = None,
+                group_rows=None) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Returns ``(r~, info)``: ``r~`` ``T x B x C``; ``info`` holds the
         attention's info plus ``d`` (context layer output) and ``gate``
         (``gamma``, 1 where bypassed). With ``return_stats`` also (float64)
@@ -937,7 +975,7 @@ class DocumentContextLayer(nn.Module):
             r if query is None else query, memory, query_doc, query_pos, online,
             query_padding_mask=query_padding_mask, need_weights=need_weights,
             need_word_weights=need_word_weights, return_stats=return_stats,
-            query_groups=query_groups)
+            query_groups=query_groups, query_tokens=query_tokens, group_rows=group_rows)
         x = self.attn_layer_norm(self.dropout_module(a))
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
         x = self.final_layer_norm(self.dropout_module(self.fc2(x)))

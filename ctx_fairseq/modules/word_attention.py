@@ -80,26 +80,57 @@ def tile_elems_for(device: torch.device, tile_elems: Optional[int] = None) -> in
 def _compute_dtype(t: Tensor) -> torch.dtype:
     """The dtype an autocast region would compute a matrix product of ``t`` in."""
     dev = t.device.type
+    if not t.is_floating_point():
+        return t.dtype
     try:
-        on = torch.is_autocast_enabled(dev)
+        if torch.is_autocast_enabled(dev):
+            return torch.get_autocast_dtype(dev)
+        return t.dtype
     except RuntimeError:  # a device type autocast does not know: no autocast there
-        on = False
-    if on and t.is_floating_point():
-        return torch.get_autocast_dtype(dev)
-    return t.dtype
+        return t.dtype
+    except (TypeError, AttributeError):  # torch < 2.4: the per-device functions
+        if dev == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        if dev == "cpu" and torch.is_autocast_cpu_enabled():
+            return torch.get_autocast_cpu_dtype()
+        return t.dtype
 
 
-def _tiles(G: int, M: int, J: int, H: int, L: int, block: int, tile_elems: int):
-    """Tiles ``(g0, g1, m0, m1, j0, j1, number)`` in a fixed order; from shapes only."""
-    per_row = H * block * L
-    rows = max(1, tile_elems // per_row)
-    gq = max(1, rows // max(M, 1)) if M <= rows else 1
-    mq = M if M <= rows else rows
+def _plan(G: int, M: int, J: int, H: int, L: int, block: int, tile_elems: int, spans=None,
+          group_rows=None):
+    """The tiles ``(g0, g1, m0, m1, j0, j1, number, (c0, c1))`` in a fixed
+    order (the same in both passes); from shapes and host arrays only.
+
+    Without ``spans``: chunks of groups and of their query rows times blocks
+    of ``block`` sentences, every token column. With ``spans`` (host numpy
+    ``G x J x 2``, the token columns each entry occupies) one group per tile,
+    its block's own columns (a block of none is skipped), and with
+    ``group_rows`` (host numpy ``G``) only the group's real query rows: a
+    tile's shapes then depend on its own document only (a sentence's result
+    does not depend on its batch) and no padded row or column is computed."""
     n = 0
-    for g0 in range(0, G, gq):
-        for m0 in range(0, M, mq):
-            for j0 in range(0, J, block):
-                yield g0, min(G, g0 + gq), m0, min(M, m0 + mq), j0, min(J, j0 + block), n
+    if spans is None:
+        per_row = H * block * L
+        rows = max(1, tile_elems // per_row)
+        gq = max(1, rows // max(M, 1)) if M <= rows else 1
+        mq = M if M <= rows else rows
+        for g0 in range(0, G, gq):
+            for m0 in range(0, M, mq):
+                for j0 in range(0, J, block):
+                    yield g0, min(G, g0 + gq), m0, min(M, m0 + mq), j0, min(J, j0 + block), n, \
+                        (0, L)
+                    n += 1
+        return
+    for g in range(G):
+        rows_g = M if group_rows is None else min(M, int(group_rows[g]))
+        for j0 in range(0, J, block):
+            j1 = min(J, j0 + block)
+            cols = _columns(spans, g, g + 1, j0, j1, L)
+            if cols is None or rows_g <= 0:
+                continue
+            mq = max(1, tile_elems // (H * (j1 - j0) * (cols[1] - cols[0])))
+            for m0 in range(0, rows_g, mq):
+                yield g, g + 1, m0, min(rows_g, m0 + mq), j0, j1, n, cols
                 n += 1
 
 
@@ -121,7 +152,8 @@ class _StreamedWordAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, weight, index, word_mask, flat: bool, word_attn: str, block: int,
-                tile_elems: int, p_drop: float, seed: int, want_nnz: bool, spans=None):
+                tile_elems: int, p_drop: float, seed: int, want_nnz: bool, spans=None,
+                group_rows=None):
         G, H, M, d = q.shape
         J, L = index.size(1), k.size(2)
         dt = _compute_dtype(q)
@@ -135,12 +167,11 @@ class _StreamedWordAttention(torch.autograd.Function):
             run_sum = q.new_zeros(G, H, M, dtype=acc)
 
         def tiles():
-            for g0, g1, m0, m1, j0, j1, n in _tiles(G, M, J, H, L, block, tile_elems):
-                cols = _columns(spans, g0, g1, j0, j1, L)
-                if cols is not None:
-                    yield (g0, g1, m0, m1, j0, j1, n,
-                           _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt,
-                                 acc, cols))
+            for g0, g1, m0, m1, j0, j1, n, cols in _plan(G, M, J, H, L, block, tile_elems,
+                                                           spans, group_rows):
+                yield (g0, g1, m0, m1, j0, j1, n,
+                       _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt,
+                             acc, cols))
 
         for g0, g1, m0, m1, j0, j1, n, t in tiles():
             rs = (slice(g0, g1), slice(None), slice(m0, m1))
@@ -173,7 +204,7 @@ class _StreamedWordAttention(torch.autograd.Function):
                     nnz[rs + (slice(j0, j1),)] = (P != 0).sum(-2)
                     mass[rs + (slice(j0, j1),)] = P.sum(-2)
         ctx.save_for_backward(q, k, v, weight, index, word_mask, out, lse)
-        ctx.cfg = (flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans)
+        ctx.cfg = (flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans, group_rows)
         if nnz is None:
             nnz = q.new_zeros(0, dtype=torch.int32)
         ctx.mark_non_differentiable(nnz, mass)
@@ -182,7 +213,7 @@ class _StreamedWordAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_nnz, _grad_mass):
         q, k, v, weight, index, word_mask, out, lse = ctx.saved_tensors
-        flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans = ctx.cfg
+        flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans, group_rows = ctx.cfg
         G, H, M, d = q.shape
         J, L = index.size(1), k.size(2)
         low = torch.finfo(acc).min
@@ -195,10 +226,8 @@ class _StreamedWordAttention(torch.autograd.Function):
                          device=v.device) if need_v else None
         dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         D = (grad * out).sum(-1) if flat else None  # G x H x M
-        for g0, g1, m0, m1, j0, j1, n in _tiles(G, M, J, H, L, block, tile_elems):
-            cols = _columns(spans, g0, g1, j0, j1, L)
-            if cols is None:  # no sentence: the tile added exactly 0
-                continue
+        for g0, g1, m0, m1, j0, j1, n, cols in _plan(G, M, J, H, L, block, tile_elems, spans,
+                                                       group_rows):
             t = _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc, cols)
             rs = (slice(g0, g1), slice(None), slice(m0, m1))
             go = grad[rs]
@@ -227,7 +256,7 @@ class _StreamedWordAttention(torch.autograd.Function):
                 (dk.to(k.dtype) if dk is not None else None),
                 (dv.to(v.dtype) if dv is not None else None),
                 (dw.to(weight.dtype) if dw is not None else None),
-                None, None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None, None)
 
 
 def _columns(spans, g0: int, g1: int, j0: int, j1: int, L: int) -> Optional[Tuple[int, int]]:
@@ -358,7 +387,8 @@ class _Tile:
 def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, index: Tensor,
                             word_mask: Tensor, flat: bool, word_attn: str = "softmax",
                             block: int = WORD_BLOCK, tile_elems: Optional[int] = None,
-                            dropout: float = 0.0, want_nnz: bool = False, spans=None
+                            dropout: float = 0.0, want_nnz: bool = False, spans=None,
+                            group_rows=None
                             ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """The word level over groups (see the module docstring).
 
@@ -376,13 +406,16 @@ def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, ind
     end)`` each entry of ``index`` occupies (``(L, 0)``: none); a tile then
     reads only the columns its sentences occupy and a tile of none is
     skipped (with sentences ordered by length, most of the padding of a
-    document's longest sentence is never read)."""
+    document's longest sentence is never read), one group per tile; with
+    ``group_rows`` (numpy ``G``) only each group's first ``group_rows[g]``
+    query rows are computed (the others are padding: output 0)."""
     if word_attn not in ("softmax", "sparsemax"):
         raise ValueError(f"word_attn: expected softmax or sparsemax, got {word_attn!r}")
     seed = int(torch.randint(0, 1 << 62, (1,)).item()) if dropout > 0 else 0  # CPU generator
     out, nnz, mass = _StreamedWordAttention.apply(
         q, k, v, weight.to(torch.promote_types(q.dtype, torch.float32)), index, word_mask, bool(flat), word_attn, int(block),
-        tile_elems_for(q.device, tile_elems), float(dropout), seed, bool(want_nnz), spans)
+        tile_elems_for(q.device, tile_elems), float(dropout), seed, bool(want_nnz), spans,
+        group_rows)
     if not want_nnz:
         return out, None, None
     return out, nnz, (mass if flat else None)
