@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Selective attention (exact word level) against the transformer on the TVsub
+# study's data and shape, on the CPU: what fairseq-train itself runs.
+#
+#   scripts/bench_selective_tvsub.sh DATA_BIN OUT_DIR
+#
+# DATA_BIN: a TVsub data-bin made by the recipe (UNTIL=data recipes/tvsub_zh_en/run.sh
+# --study ...: binarized episodes with train.docids). Writes under OUT_DIR:
+#   stage1/            a transformer of the study's shape after 2 updates (the
+#                      frozen memory's stage-1 model: speed only, not quality)
+#   selective.log, transformer.log
+#                      N (default 30) updates each of fairseq-train, stage 2 of
+#                      the old study (4,096-token batches, 1 thread, the same
+#                      dropouts), logged every 10 updates (wps: target tokens/s)
+#   episode.json       one training step on the batch with the largest document
+#                      memory (scripts/bench_train_step.py --pick largest-memory)
+#   summary.txt        target tokens/s of both over all logged intervals, the ratio
+# Run it alone: two torch jobs on 2 cores slow each other.
+set -euo pipefail
+DATA=${1:?usage: $0 DATA_BIN OUT_DIR}
+OUT=${2:?usage: $0 DATA_BIN OUT_DIR}
+N=${N:-30}
+THREADS=${THREADS:-1}
+PY=${PYTHON:-python}
+mkdir -p "$OUT"
+SHAPE=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256
+       --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
+       --encoder-attention-heads 4 --decoder-attention-heads 4)
+TRAIN=(--user-dir ctx_fairseq --log-format simple --data-buffer-size 0 "${SHAPE[@]}"
+       --dropout 0.2 --attention-dropout 0.1 --activation-dropout 0.1 --optimizer adam
+       --clip-norm 1.0 --label-smoothing 0.1 --seed 1 --num-workers 0 --max-tokens 4096
+       --lr 4e-4 --lr-scheduler fixed --task document_translation
+       --criterion label_smoothed_cross_entropy_ctx --coword-dropout 0.1)
+SELECTIVE=(--arch transformer_selective_doc --document-context online --document-memory
+           --memory-precomputed --doc-attention hierarchical --sentence-attn sparsemax
+           --word-attn softmax --context-memory frozen
+           --init-from-sentence-checkpoint "$OUT/stage1/checkpoint_last.pt")
+export OMP_NUM_THREADS=$THREADS
+if [ ! -f "$OUT/stage1/checkpoint_last.pt" ]; then
+    fairseq-train "$DATA" --user-dir ctx_fairseq --save-dir "$OUT/stage1" --arch transformer \
+        "${SHAPE[@]}" --optimizer adam --lr 1e-4 --max-tokens 4096 --max-update 2 \
+        --num-workers 0 --criterion label_smoothed_cross_entropy --no-epoch-checkpoints \
+        --disable-validation > "$OUT/stage1.log" 2>&1
+fi
+common=("${TRAIN[@]}" --log-interval 10 --max-update "$N" --disable-validation --no-save)
+fairseq-train "$DATA" "${common[@]}" --save-dir "$OUT/selective" "${SELECTIVE[@]}" \
+    > "$OUT/selective.log" 2>&1
+cp "$OUT/stage1/checkpoint_last.pt" "$OUT/transformer-init.pt"
+fairseq-train "$DATA" "${common[@]}" --save-dir "$OUT/transformer" --arch transformer \
+    --source-context-size 0 --restore-file "$OUT/transformer-init.pt" --reset-optimizer \
+    --reset-dataloader --reset-meters --reset-lr-scheduler > "$OUT/transformer.log" 2>&1
+"$PY" scripts/bench_train_step.py "$DATA" "${TRAIN[@]}" --save-dir "$OUT/episode" \
+    "${SELECTIVE[@]}" -- --pick largest-memory --steps 2 --json "$OUT/episode.json" \
+    > "$OUT/episode.log" 2>&1
+"$PY" - "$OUT" <<'EOF'
+import json, re, sys
+out = sys.argv[1]
+def rate(name):
+    toks = secs = 0.0
+    for line in open(f"{out}/{name}.log"):
+        if "train_inner" in line:
+            f = dict(re.findall(r"(\w+)=([0-9.e+-]+)", line))
+            toks += float(f["wpb"]) * 10
+            secs += float(f["wpb"]) * 10 / float(f["wps"])
+    return toks / secs if secs else float("nan")
+sel, tr = rate("selective"), rate("transformer")
+ep = json.load(open(f"{out}/episode.json"))
+text = (f"selective {sel:.1f} target tokens/s, transformer {tr:.1f}: {sel / tr:.2f}x\n"
+        f"largest-memory batch: {ep['sentences']} sentences, {ep['visible_memory_sentences_max']} "
+        f"memory sentences visible, {ep['step_s']} s per update, peak RSS {ep['peak_rss_mb']} MB\n")
+open(f"{out}/summary.txt", "w").write(text)
+print(text, end="")
+EOF
