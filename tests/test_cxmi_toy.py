@@ -32,7 +32,8 @@ def test_sampled_context_model_uses_its_context(tmp_path):
     from ctx_fairseq.eval import generative_accuracy as ga
 
     raw, binned = str(tmp_path / "raw"), str(tmp_path / "bin")
-    make_toy_corpus(raw, docs=1000, sents_per_doc=10, max_distance=3, seed=1,
+    # every antecedent one sentence back: all of them within the model's one sentence
+    make_toy_corpus(raw, docs=1000, sents_per_doc=10, max_distance=1, seed=1,
                     valid_docs=20, test_docs=100)
     preprocess(["--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
                 "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid",
@@ -42,24 +43,27 @@ def test_sampled_context_model_uses_its_context(tmp_path):
     s1 = str(tmp_path / "s1")
     train([binned, "--arch", "transformer", *SHAPE, *OPTIM, "--save-dir", s1])
     ctx = str(tmp_path / "ctx")
+    # twice the updates of stage 1: half the sentences train without context (k = 0)
     train([binned, "--arch", "transformer_context_aware", "--task", "document_translation",
            "--source-context-size", "1", "--sample-context-size", "1", *SHAPE, *OPTIM,
-           "--init-from-sentence-checkpoint", f"{s1}/checkpoint_last.pt", "--save-dir", ctx])
+           "--max-update", "600", "--init-from-sentence-checkpoint", f"{s1}/checkpoint_last.pt",
+           "--save-dir", ctx])
     ckpt = f"{ctx}/checkpoint_last.pt"
 
     model, task, cfg = cxmi.load(ckpt, binned, cuda=False)
     result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], curve=True,
                                   lang="de")
+    res, _, _ = ga.evaluate(os.path.join(raw, "test.contrastive.jsonl"), "toy", path=ckpt,
+                            data=binned, beam=4, max_len_b=20)
+    d1 = {ph: by["1"] for ph, by in res["by_distance"].items() if "1" in by}
+    correct = sum(v["correct"] for v in d1.values())
+    n = sum(v["n"] for v in d1.values())
+    print(f"CXMI {result['cxmi']:.4f} {result['cxmi_interval']}; generative accuracy at d=1 "
+          f"{correct}/{n}")
     assert result["documents"] == 100 and result["sample_context_size"] == 1
     iv = result["cxmi_interval"]
     assert result["cxmi"] > 0.05, result["cxmi"]
     assert iv["low"] > 0, iv  # a document-bootstrap interval that excludes 0
     assert "document block bootstrap" in iv["method"]
     assert [p["context_size"] for p in result["curve"]] == [0, 1]  # K + 1 points
-
-    res, _, _ = ga.evaluate(os.path.join(raw, "test.contrastive.jsonl"), "toy", path=ckpt,
-                            data=binned, beam=4, max_len_b=20)
-    d1 = {ph: by["1"] for ph, by in res["by_distance"].items() if "1" in by}
-    correct = sum(v["correct"] for v in d1.values())
-    n = sum(v["n"] for v in d1.values())
     assert n > 50 and correct / n >= 0.95, d1
