@@ -34,7 +34,8 @@ ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (contin
         "selective": "transformer_selective_doc (encoder, online, H-attention)",
         "dc": "transformer_dc (sentence-level)", "hybrid": "transformer_hybrid (sentence-level)"}
 #: the tools whose exact command lines run.sh records (WORK/commands/NAME.TOOL.sh)
-TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode", "ctx-cxmi",
+TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode",
+         "fairseq-generate.heldout", "ctx-iterative-decode.heldout", "ctx-cxmi",
          "fairseq-validate")
 SENTENCE_LEVEL = {"sentence", "transformer", "dc", "hybrid"}
 

@@ -323,6 +323,8 @@ record_command() {
     done
     [ -n "$dir" ] || return 0
     name=$(basename "$dir")
+    # the held-out split's translation beside the test split's (not over it)
+    case " $* " in *" $WORK/data-heldout "*) tool="$tool.heldout" ;; esac
     mkdir -p "$WORK/commands"
     line=$(printf '%q ' "$@")
     # shellcheck disable=SC2016  # a literal $WORK
