@@ -3,8 +3,11 @@
 # From the project root on this machine: bash ../shared/gpu/prepare.sh (wheels into .gpu/);
 # then, on the GPU machine, in a copy of the working tree that includes .gpu/, in two calls
 # (a session has 15 minutes of device time in all, the machine's start included):
-#   GPU_CHECK_PHASES="1 2" GPU_CHECK_BUDGET=300 bash .gpu/on-gpu.sh bash scripts/gpu_check.sh
-#   GPU_CHECK_PHASES="3 4" GPU_CHECK_BUDGET=480 bash .gpu/on-gpu.sh bash scripts/gpu_check.sh
+#   GPU_CHECK_PHASES="1 2" GPU_CHECK_BUDGET=250 bash .gpu/on-gpu.sh bash scripts/gpu_check.sh
+#   GPU_CHECK_PHASES="4 3" GPU_CHECK_BUDGET=430 bash .gpu/on-gpu.sh bash scripts/gpu_check.sh
+# (the sweep first in call 2: phase 3's caps add up to more than what is left; each call
+# with carry [".gpu"], the second right after the first: the machine goes back 30 s
+# after a call)
 # (a start of more than 2 minutes leaves too little for both: run phase 4 in another session)
 # Phases (each under its own cap; all under one deadline, GPU_CHECK_BUDGET seconds):
 #   1  the CUDA tests: pytest -m cuda -n 8 (cap 120 s)

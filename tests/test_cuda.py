@@ -304,6 +304,12 @@ def test_training_step_synchronises_no_more_than_transformer(arch, precision, to
 
     (mine, mine_odd), (base, base_odd) = syncs(s.model, sample), syncs(s.transformer,
                                                                        plain(sample))
+    from ctx_fairseq.host_reads import site_kind
+
+    # an intermittent read is excused only where it is not the plugin's own line
+    plugin_odd = {k: n for k, n in mine_odd.items() if site_kind(k.split(" <- ")[0]) == "plugin"}
+    assert not plugin_odd, (f"{arch} ({precision}): the plugin synchronises in some of "
+                            f"{STEPS} steps: {plugin_odd}")
     assert sum(mine.values()) <= sum(base.values()), (
         f"{arch} ({precision}): every training step synchronises {describe(mine)}; the "
         f"transformer {describe(base)}; in some of {STEPS} steps only: {describe(mine_odd)} "
