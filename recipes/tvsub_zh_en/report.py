@@ -242,8 +242,11 @@ def markdown(res):
         if ph:
             hb += f" [{_p(ph['p_sentences'])}, {_p(ph['p_documents'])}]"
         gate = r.get("gate_dev")
-        gate_text = "-" if not gate else ", ".join(f"{k} {v:.3f}" for k, v in gate.items()
-                                                    if k.startswith("ctx_mass"))
+        # the context side's weight (ctx_mass*); a model that logs only its gate (the
+        # sentence side's weight, e.g. zhang2018's gate_enc): the gate, named
+        keys = [k for k in (gate or {}) if k.startswith("ctx_mass")] or \
+            [k for k in (gate or {}) if k.startswith("gate")]
+        gate_text = "-" if not gate else ", ".join(f"{k} {gate[k]:.3f}" for k in keys)
         budget = r.get("budget") or {}
         tpu = budget.get("target_tokens_per_update", r.get("target_tokens_per_update"))
         lines.append(f"| {m} | {r['architecture']} | {bleu} "
