@@ -148,8 +148,10 @@ def test_demo_cxmi_column_is_ctx_cxmi(tiny_model, tmp_path, capsys):
     ckpt = os.path.join(work, "checkpoints", "transformer_context_aware", "checkpoint_last.pt")
     model, task, cfg = cxmi.load(ckpt, os.path.join(work, "data-bin"), cuda=False)
     want, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"])
+    # (two runs of the same float32 model: the matrix products' thread split may
+    # differ under load, about 1e-8 here)
     assert res["cxmi"]["shuffled"] == pytest.approx(want["shuffled"]["cxmi_per_token"],
-                                                    abs=1e-9)
+                                                    abs=1e-7)
     assert res["cxmi"]["tokens"] == want["tokens"] and not res["cxmi"]["refused"]
     row = next(line for line in out.splitlines() if line.startswith("transformer_context_aware"))
     assert f"{want['shuffled']['cxmi_per_token']:.4f}" in row.split()
