@@ -151,3 +151,18 @@ def test_fairseq_train_document_task_without_context(toy_bin, tmp_path):
         "and --target-context-size 0): there is no context to size")
     # (fairseq-train makes --save-dir, empty, before the task is set up)
     assert not save.exists() or not any(save.iterdir())
+
+
+@pytest.mark.parametrize("direction", ["next", "both"])
+def test_empty_context_for_any_direction(direction):
+    """Size 0 (CXMI's empty context) needs no direction: a checkpoint trained
+    with next or both sentences is scored against none (it was refused);
+    any larger fixed size still counts previous sentences only."""
+    ds, _, _ = synthetic([6, 6], src_context_size=1, direction=direction, context_size=0)
+    full, _, _ = synthetic([6, 6], src_context_size=1, direction=direction)
+    eos = ds.src_dict.eos()
+    assert any(len(full[i]["src_ctx"]) for i in range(len(full)))
+    for i in range(len(ds)):
+        assert _n_sentences(ds[i]["src_ctx"], eos, eos) == 0
+    with pytest.raises(ValueError, match="counts previous sentences"):
+        synthetic([6, 6], src_context_size=1, direction=direction, context_size=1)

@@ -532,7 +532,8 @@ class DocumentContextDataset(FairseqDataset):
             if largest == 0:
                 raise ValueError(f"{name} {v} on a sentence-level setting (--source-context-size"
                                  " and --target-context-size 0): there is no context to size")
-            if direction != "prev":
+            if direction != "prev" and not (name == "--context-size" and int(v) == 0):
+                # (size 0, the empty context, needs no direction: CXMI's "none")
                 raise ValueError(f"{name} counts previous sentences (--context-direction prev), "
                                  f"got --context-direction {direction}")
             if int(v) > largest:

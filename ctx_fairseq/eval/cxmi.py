@@ -419,7 +419,14 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
     if curve and trained_k is None:
         raise CXMIError("--curve: this checkpoint reads a document memory or a whole-document "
                         "context, which has no bounded context size to vary")
-    n_size = context_size if context_size is not None else trained_k
+    # a checkpoint reading next (or both) sentences: its true context is its whole
+    # window (no size to cut), against the empty context (size 0, any direction)
+    prev_only = getattr(task.cfg, "context_direction", "prev") == "prev"
+    if not prev_only and (curve or (context_size is not None and context_size > 0)):
+        raise CXMIError(f"--context-size / --curve count previous sentences; this checkpoint "
+                        f"reads --context-direction {task.cfg.context_direction} (score it "
+                        "without them: its whole context against none)")
+    n_size = context_size if context_size is not None else (trained_k if prev_only else None)
     true_ds = condition_dataset(task, split, "true", n_size)
     if "shuffled" in conditions:
         # shuffled context is another document's: with fewer than two documents whose
