@@ -324,6 +324,11 @@ def test_bash_syntax_help_and_options(tmp_path):
     assert r.returncode == 1 and "give the sample with --raw DIR" in r.stderr
     r = run(["--smoke", "--study", "--workdir", str(tmp_path / "w")])
     assert r.returncode == 1 and "--smoke and --study exclude each other" in r.stderr
+    # the removed word-level capacity: asked for, the run stops (nothing written)
+    r = run(["--smoke", "--raw", str(tmp_path), "--workdir", str(tmp_path / "c")],
+            env={"WORD_CAPACITY": "32"})
+    assert r.returncode == 1 and "--doc-word-capacity was removed" in r.stderr, r.stderr
+    assert not (tmp_path / "c").exists()
     r = run(["--smoke", "--raw", str(tmp_path), "--workdir", str(tmp_path / "w")],
             env={"MODELS": "transformer nope"})
     assert r.returncode == 1 and "MODELS: unknown model nope" in r.stderr
@@ -373,7 +378,7 @@ def test_smoke_end_to_end(tmp_path):
     with a bounded context; a re-run skips every step."""
     root = write_tvsub(str(tmp_path / "tvsub"), episodes=16)
     work = tmp_path / "w"
-    env = {"OMP_NUM_THREADS": "1", "COWORD_DROPOUT": "0.1", "WORD_CAPACITY": "2",
+    env = {"OMP_NUM_THREADS": "1", "COWORD_DROPOUT": "0.1",
            "SAMPLE_CONTEXT": "1", "HELDOUT": "12:16", "DOC_TOKENS": "2500"}
     r = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r.returncode == 0, r.stderr[-5000:]
@@ -431,18 +436,18 @@ def test_smoke_end_to_end(tmp_path):
         assert "arg=--coword-dropout" in args, (m, args)
         bounded = m in ("concat", "context_aware", "zhang2018", "han")
         assert ("arg=--sample-context-size" in args) == bounded, (m, args)
-        assert ("arg=--doc-word-capacity" in args) == (m == "selective"), (m, args)
+        assert "arg=--doc-word-capacity" not in args, (m, args)  # removed (issue 24)
     ca = (work / "smoke" / "checkpoints" / "context_aware" / "train.args").read_text()
     assert res["models"]["context_aware"]["updates"] > res["models"]["transformer"]["updates"]
-    assert 0 <= res["models"]["selective"]["word_overflow_max"] <= 1
+    assert res["models"]["selective"]["word_overflow_max"] is None  # no capacity: exact
     assert res["models"]["context_aware"]["word_overflow_max"] is None
     md = (work / "smoke" / "results" / "results.md").read_text()
-    assert "exceeded --doc-word-capacity" in md
+    assert "exceeded --doc-word-capacity" not in md
     assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
     # the exact commands: the run's, and each model's training, translation and CXMI
     assert res["command"].endswith(f"recipes/tvsub_zh_en/run.sh --smoke --raw {root} "
                                    f"--workdir {work}")
-    for setting in ("OMP_NUM_THREADS=1 ", "COWORD_DROPOUT=0.1 ", "WORD_CAPACITY=2 ",
+    for setting in ("OMP_NUM_THREADS=1 ", "COWORD_DROPOUT=0.1 ",
                     "HELDOUT=12:16 "):
         assert setting in res["command"], res["command"]
     cmds = res["models"]["han"]["commands"]
@@ -454,7 +459,9 @@ def test_smoke_end_to_end(tmp_path):
     assert "--conditions none\\,shuffled" in cmds["ctx-cxmi"] and "--curve" in cmds["ctx-cxmi"]
     assert "--data $WORK/data-heldout" in cmds["ctx-cxmi"]
     assert "--path $WORK/checkpoints/concat/" in res["models"]["concat"]["commands"]["fairseq-generate"]
-    assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate"}
+    # (the held-out split's translation beside the test split's)
+    assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate",
+                                                    "fairseq-generate.heldout"}
     assert md.count("```") >= 2 * (1 + len(models))
     r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r2.returncode == 0, r2.stderr[-3000:]

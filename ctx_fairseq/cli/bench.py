@@ -19,9 +19,9 @@ runs first):
   allocated during one step above what was allocated when the step began
   (CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``, minus
   ``memory_allocated`` at the start of the step; CPU: the torch profiler's
-  allocations and frees). The models measured before one stay alive for the
-  interleaved repeats; what they hold is allocated before the step begins and
-  so never counts (it did: ``max_memory_allocated`` alone grew with every
+  memory timeline, each allocation and free at its time). The models
+  measured before one stay alive for the interleaved repeats; what they hold
+  is allocated before the step begins and so never counts (it did: ``max_memory_allocated`` alone grew with every
   model measured before). The batch itself is not counted (on either device);
 * **parameter count**;
 * **the analytic bound on the throughput ratio**: baseline FLOPs / arch FLOPs
@@ -193,6 +193,28 @@ def resident_bytes(model, opt) -> int:
     for state in _torch_optimizer(opt).state.values():
         total += size(state.values())
     return total
+
+
+def cpu_step_peak_bytes(prof) -> int:
+    """The peak of the CPU memory allocated during a profiled step above what
+    was allocated when it began, from the profiler's memory timeline: every
+    allocation and free at its own time. (Summing each event's *self* memory
+    in the order the events start, as this did, counts the frees inside a
+    custom autograd function, such as the streamed word level's tiles, at the
+    function's start: its tiles never showed in the peak.)"""
+    from torch.profiler._memory_profiler import Action
+
+    cur = peak = 0
+    # sorted by time, an allocation before a free at the same time (an upper bound)
+    for _, action, (key, _), size in prof._memory_profile().timeline:
+        if key.device.type != "cpu":
+            continue
+        if action == Action.CREATE:
+            cur += size
+            peak = max(peak, cur)
+        elif action == Action.DESTROY:
+            cur -= size
+    return peak
 
 
 class CudaMemoryStats:
@@ -441,17 +463,18 @@ class Bench:
 
         from ctx_fairseq.flops import counted_op_names
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        # (the memory timeline needs the shapes and the stacks recorded)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                     record_shapes=True, with_stack=True) as prof:
             start = time.perf_counter()
             self.train_step(entry)
             entry["profiled_step_s"] = time.perf_counter() - start
         counted = counted_op_names()
-        cur = peak = counted_us = 0
-        for ev in sorted(prof.events(), key=lambda e: e.time_range.start):
-            cur += ev.self_cpu_memory_usage
-            peak = max(peak, cur)
+        counted_us = 0
+        for ev in prof.events():
             if ev.name in counted and not _inside(ev, counted):
                 counted_us += ev.cpu_time_total
+        peak = cpu_step_peak_bytes(prof)
         # CPU time of the ops whose FLOPs are counted (matrix products, fused attention,
         # convolutions), each with what it calls
         entry["counted_ops_s"] = counted_us / 1e6

@@ -209,7 +209,9 @@ class _Sparsemax(torch.autograd.Function):
             k = torch.arange(1, x.size(-1) + 1, device=x.device, dtype=x.dtype)
             support = (k * z > cs).sum(-1, keepdim=True)  # >= 1: the largest entry is in
         tau = cs.gather(-1, support - 1) / support.to(x.dtype)
-        out = torch.clamp(x - tau, min=0)
+        # in place on the shifted copy (ours): one buffer for x - max, x - tau
+        # and the clamp, not three (the sentence level is B x H x T x S_max)
+        out = x.sub_(tau).clamp_(min=0)
         ctx.save_for_backward(out, support)
         return out
 
@@ -228,7 +230,7 @@ def sparsemax(x: Tensor) -> Tensor:
 
 
 def masked_normalize(scores: Tensor, mask: Tensor, kind: str,
-                     dtype: Optional[torch.dtype] = None) -> Tensor:
+                     dtype: Optional[torch.dtype] = None, inplace: bool = False) -> Tensor:
     """``kind`` ("sparsemax" | "softmax") over the last dim of ``scores``,
     restricted to ``mask`` (bool, True = allowed, broadcastable to ``scores``).
 
@@ -237,7 +239,10 @@ def masked_normalize(scores: Tensor, mask: Tensor, kind: str,
     are filled with ``torch.finfo(dtype).min`` (dtype-safe, never an overflow
     in half precision; ``exp`` of it and sparsemax's clamp give exactly 0).
     ``dtype``: of the result (and of the computation when wider than the
-    scores'); default the scores' dtype."""
+    scores'); default the scores' dtype. ``inplace``: the scores are the
+    caller's own temporary, whose backward does not read them (a matmul's
+    output): they are filled in place (one B x H x T x S_max buffer fewer)
+    and hold garbage afterwards."""
     row_ok = mask.any(dim=-1, keepdim=True)
     x = scores if dtype is None or dtype == scores.dtype else scores.to(
         torch.promote_types(scores.dtype, dtype))
@@ -251,7 +256,10 @@ def masked_normalize(scores: Tensor, mask: Tensor, kind: str,
     # a row with no allowed entry: one finite entry (its support is 1; the row
     # is zeroed below), not a row of equal ones whose support is every entry
     first = torch.arange(x.size(-1), device=x.device) == 0
-    x = x.masked_fill(~mask, torch.finfo(x.dtype).min).masked_fill(~row_ok & first, 0.0)
+    fill = torch.finfo(x.dtype).min
+    # (a converted copy is ours too)
+    x = x.masked_fill_(~mask, fill) if inplace or x is not scores else x.masked_fill(~mask, fill)
+    x = x.masked_fill_(~row_ok & first, 0.0)  # x is ours from here on
     p = sparsemax(x) if kind == "sparsemax" else torch.softmax(x, dim=-1)
     return p.masked_fill(~row_ok, 0.0).to(scores.dtype if dtype is None else dtype)
 
@@ -718,7 +726,7 @@ class HierarchicalContextAttention(nn.Module):
         scores = torch.matmul(qs, keys.transpose(-1, -2))
         if bias_g is not None:
             scores = scores + bias_g
-        return masked_normalize(scores, vis_g, kind,
+        return masked_normalize(scores, vis_g, kind, inplace=True,
                                 dtype=torch.promote_types(scores.dtype, torch.float32))
 
     @staticmethod

@@ -86,9 +86,12 @@ def _train_stats(work, name):
             commands[tool] = open(path, encoding="utf-8").read().strip()
     return {"train_wps_mean": round(statistics.mean(wps), 1) if wps else None,
             "commands": commands,
-            # selective with --doc-word-capacity: the largest share of token-heads
-            # whose sparsemax support exceeded it in a logged interval (0: exact)
-            "word_overflow_max": max(overflow) if overflow else None,
+            # selective trained with --doc-word-capacity (removed in issue 24; a
+            # run before it): the largest share of token-heads whose sparsemax
+            # support exceeded it in a logged interval (0: exact); a run since
+            # logs word_overflow 0 without a capacity: none
+            "word_overflow_max": max(overflow) if overflow and options and
+            "--doc-word-capacity" in options.split() else None,
             "target_tokens_per_update": round(statistics.mean(wpb), 1) if wpb else None,
             "updates": updates, "peak_rss_kb": peak, "train_options": options}
 

@@ -39,8 +39,8 @@ MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, DOC_TOKENS (stage-2 target-token budget:
 updates per model from it), BEAM, SEED, TVSUB_URL, TVSUB_REF (a git revision),
 DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT, COWORD_DROPOUT,
 SAMPLE_CONTEXT (1: --sample-context-size K), HELDOUT (FIRST:END held-out
-episodes), HELDOUT_SENTS, WORD_CAPACITY, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA,
-PYTHON."
+episodes), HELDOUT_SENTS, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON.
+(WORD_CAPACITY, selective's removed word-level capacity: an error.)"
 
 # the settings given in the environment, before any default is filled in
 _ENV_SETTINGS=(MODELS EPISODES SMOKE_EPISODES BPE_MERGES MAX_TOKENS GEN_MAX_TOKENS SENT_UPDATES
@@ -68,6 +68,13 @@ done
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../lib/recipe.sh
 . "$HERE/../lib/recipe.sh"
+# selective's word-level capacity (--doc-word-capacity) is gone (issue 24): its
+# word level is exact; a run that asks for one stops before anything is
+# written (it would not get it)
+case ${WORD_CAPACITY:-0} in
+    0) ;;
+    *) die "WORD_CAPACITY=$WORD_CAPACITY: selective's --doc-word-capacity was removed (issue 24); its word level is streamed and exact at every document length: unset WORD_CAPACITY" ;;
+esac
 recipe_init "${_args[@]}"
 smoke_needs_raw
 if [ "$STUDY" = 1 ]; then
@@ -88,8 +95,6 @@ TEST_SRC=${TEST_SRC:-}
 CONTEXT_DROPOUT=${CONTEXT_DROPOUT:-}
 _coword_given=${COWORD_DROPOUT+1}  # COWORD_DROPOUT= (empty) turns the study's default off
 COWORD_DROPOUT=${COWORD_DROPOUT:-}
-_capacity_given=${WORD_CAPACITY+1}  # WORD_CAPACITY= (empty) turns the study's default off
-WORD_CAPACITY=${WORD_CAPACITY:-}
 _sample_given=${SAMPLE_CONTEXT+1}  # SAMPLE_CONTEXT= (empty) turns the study's default off
 SAMPLE_CONTEXT=${SAMPLE_CONTEXT:-}
 _tokens_given=${DOC_TOKENS+1}  # DOC_TOKENS= (empty): DOC_UPDATES updates per model
@@ -152,12 +157,6 @@ case $MODE in
         # 24 training episodes never trained on, the first HELDOUT_SENTS sentences
         # each: the context-evaluation split (documents for a document bootstrap)
         [ -n "$_heldout_given" ] || HELDOUT=276:300
-        # selective's word level over the 32 sentences of largest Eq. 3 weight:
-        # exact while the sparsemax support has at most 32 sentences (the
-        # training log's word_overflow counts the token-heads where it has
-        # more); the exact word level over every sentence of a 1,000-sentence
-        # episode costs minutes per update on this CPU (README.md)
-        [ -n "$_capacity_given" ] || WORD_CAPACITY=32
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
@@ -240,8 +239,7 @@ tvsub_model_spec() {
             M_ARCH=transformer_selective_doc
             M_TASK+=(--document-context online --document-memory --memory-precomputed)
             M_MODEL=(--doc-attention hierarchical --sentence-attn sparsemax --word-attn softmax
-                     --context-memory frozen)
-            if [ -n "$WORD_CAPACITY" ]; then M_MODEL+=(--doc-word-capacity "$WORD_CAPACITY"); fi ;;
+                     --context-memory frozen) ;;
         dc)  # Xu et al.: sentence-level (local context) from the stage-1 weights
             # (--init-from-sentence-checkpoint is the document task's: no context)
             M_ARCH=transformer_dc; M_TASK+=(--source-context-size 0); M_CXMI=0
@@ -323,8 +321,12 @@ record_command() {
     done
     [ -n "$dir" ] || return 0
     name=$(basename "$dir")
-    # the held-out split's translation beside the test split's (not over it)
-    case " $* " in *" $WORK/data-heldout "*) tool="$tool.heldout" ;; esac
+    # the held-out split's translation beside the test split's (not over it);
+    # ctx-cxmi only ever scores the held-out split, so its name stays
+    case "$tool: $* " in
+        ctx-cxmi:*) ;;
+        *" $WORK/data-heldout "*) tool="$tool.heldout" ;;
+    esac
     mkdir -p "$WORK/commands"
     line=$(printf '%q ' "$@")
     # shellcheck disable=SC2016  # a literal $WORK
