@@ -1,4 +1,4 @@
-"""ctx_fairseq.data.prep_corpora: the document readers of the corpus recipes
+"""ctx_fairseq.prep.corpora: the document readers of the corpus recipes
 (<d>-delimited files, Europarl session files, OPUS alignments), their errors
 (file and line named), filtering, splitting and the generate post-processing."""
 
@@ -9,8 +9,8 @@ import zipfile
 
 import pytest
 
-from ctx_fairseq.data import prep_corpora as pc
-from ctx_fairseq.data.prep_docs import PrepDocsError
+from ctx_fairseq.prep import corpora as pc
+from ctx_fairseq.prep.docs import PrepDocsError
 
 
 def write(path, text, gz=False):

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from ctx_fairseq.data import prep_docs as pd
+from ctx_fairseq.prep import docs as pd
 from fairseq_cli_utils import REPO_ROOT, preprocess
 
 IWSLT_DIR = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data", "iwslt17-ted-en-de"))

@@ -1,4 +1,4 @@
-"""recipes/tvsub_zh_en and ctx_fairseq.data.prep_tvsub: the TVsub layout read
+"""recipes/tvsub_zh_en and ctx_fairseq.prep.tvsub: the TVsub layout read
 as documents (episodes, SGML refsets with every reference), the bad inputs
 (each an error naming the file and the counts, nothing written), the
 multi-reference scorer against sacreBLEU, and the recipe's smoke mode end to
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from ctx_fairseq.data import prep_tvsub as pt
+from ctx_fairseq.prep import tvsub as pt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = os.path.join(REPO, "recipes", "tvsub_zh_en", "run.sh")
@@ -152,7 +152,7 @@ def test_no_test_set_evaluates_on_dev(tmp_path):
 
 def test_cli_prints_the_split(tmp_path):
     root = write_tvsub(str(tmp_path / "tvsub"), test_refs=0, episodes=3)
-    r = subprocess.run(["python", "-c", "import sys; from ctx_fairseq.data.prep_tvsub import main;"
+    r = subprocess.run(["python", "-c", "import sys; from ctx_fairseq.prep.tvsub import main;"
                         " main(sys.argv[1:])", "prep", "--raw", root, "--out",
                         str(tmp_path / "docs")], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr

@@ -69,6 +69,9 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils, iterators
 
+from ctx_fairseq.data.docids import (  # noqa: F401  (re-exported: the task and tests)
+    DocumentIdError, check_docids, read_docids)
+
 logger = logging.getLogger(__name__)
 
 DIRECTIONS = ("prev", "next", "both")
@@ -122,60 +125,6 @@ def merge_context_layouts(a, b) -> Dict[str, str]:
            for side in ("src", "tgt")}
     out["memory"] = "separate" if "separate" in (a["memory"], b["memory"]) else "shared"
     return out
-
-
-class DocumentIdError(ValueError):
-    """Document ids that do not fit the data (count, empty id, non-contiguous)."""
-
-
-def read_docids(path: str, expected: Optional[int] = None) -> List[str]:
-    """Read ``{split}.docids`` (one id per line) with the reader of
-    ``ctx-prep-docs`` (:func:`ctx_fairseq.data.prep_docs.read_docids`: UTF-8,
-    a byte-order mark dropped, each id stripped of surrounding white space,
-    no empty id, no white space inside an id, documents contiguous), then
-    check it against the number of sentences ``expected``."""
-    from ctx_fairseq.data.prep_docs import PrepDocsError, read_docids as _read
-
-    if not os.path.exists(path):
-        raise DocumentIdError(
-            f"{path}: document ids not found; the document-level task needs one document id "
-            f"per sentence beside the binarized data ({{split}}.docids)")
-    if expected == 0 and os.path.getsize(path) == 0:
-        return []
-    try:
-        ids = _read(path)
-    except PrepDocsError as err:
-        raise DocumentIdError(str(err)) from None
-    check_docids(ids, path, expected)
-    return ids
-
-
-def check_docids(ids: Sequence[str], path: str = "<docids>", expected: Optional[int] = None) -> None:
-    if expected is not None and len(ids) != expected:
-        raise DocumentIdError(
-            f"{path}: {len(ids)} document ids for {expected} sentences; expected exactly one "
-            f"document id per sentence (line) of the data")
-    for lineno, doc in enumerate(ids, 1):
-        if not doc.strip():
-            raise DocumentIdError(f"{path}:{lineno}: empty document id; expected one id per line")
-    if not ids:
-        return
-    arr = np.asarray(ids, dtype=object)
-    starts = np.flatnonzero(np.concatenate([[True], arr[1:] != arr[:-1]]))
-    run_ids = arr[starts]
-    _, first, counts = np.unique(run_ids.astype(str), return_index=True, return_counts=True)
-    if (counts > 1).any():
-        # the earliest run that repeats an earlier document
-        seen = {}
-        for r, (s, doc) in enumerate(zip(starts, run_ids)):
-            if doc in seen:
-                prev_start, prev_end = seen[doc]
-                raise DocumentIdError(
-                    f"{path}:{s + 1}: document {doc!r} reappears after another document "
-                    f"(it was at lines {prev_start + 1}-{prev_end}); expected each document's "
-                    f"sentences to be contiguous")
-            end = starts[r + 1] if r + 1 < len(starts) else len(arr)
-            seen[doc] = (s, end)
 
 
 def _ranges(doc_start: np.ndarray, doc_end: np.ndarray, k: Optional[int], direction: str):
@@ -1159,7 +1108,7 @@ class DocumentContextDataset(FairseqDataset):
           ``S x 3`` int64 array (not a tensor: it stays on the host when the
           batch moves to the device), a 128-bit digest of each memory
           sentence's tokens
-          (:func:`ctx_fairseq.modules.sentence_cache.sentence_digest`) and
+          (:func:`ctx_fairseq.digest.sentence_digest`) and
           its number of tokens: the key of the frozen memory's cache,
           computed here where the tokens are, so that the model looks its
           cache up without reading anything back from the device;
@@ -1169,7 +1118,7 @@ class DocumentContextDataset(FairseqDataset):
           (the same with ``</s>`` moved to the front, fairseq's teacher-forcing
           input).
         """
-        from ctx_fairseq.modules.sentence_cache import sentence_digest
+        from ctx_fairseq.digest import sentence_digest
 
         ids = np.asarray(ids, dtype=np.int64)
         docs, mem, owner = self._memory_sentences(ids)

@@ -60,14 +60,14 @@ def add_text_unit_args(parser: argparse.ArgumentParser) -> None:
 
 
 class _RecipeMosesTokenizer:
-    """The recipes' Moses tokenization (:func:`ctx_fairseq.data.prep_corpora.moses_tokenize`:
+    """The recipes' Moses tokenization (:func:`ctx_fairseq.prep.corpora.moses_tokenize`:
     no escaping, XML entities kept whole) with fairseq's tokenizer interface."""
 
     def __init__(self, lang: str, aggressive_dash_splits: bool):
         self.lang, self.dash = lang, aggressive_dash_splits
 
     def encode(self, text: str) -> str:
-        from ctx_fairseq.data.prep_corpora import moses_tokenize
+        from ctx_fairseq.prep.corpora import moses_tokenize
 
         return moses_tokenize(text, self.lang, aggressive_dash_splits=self.dash)
 

@@ -42,6 +42,8 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ctx_fairseq.digest import sentence_digest  # the collater's keys (ctx_fairseq.digest)
+
 __all__ = ["SentenceStateCache", "row_keys", "assemble", "assemble_rows", "sentence_digest",
            "to_device", "weights_signature"]
 
@@ -56,19 +58,6 @@ def to_device(t: Tensor, device) -> Tensor:
     if device != t.device:
         return t.to(device)
     return t
-
-
-def sentence_digest(tokens) -> Tuple[int, int]:
-    """A 128-bit content digest (BLAKE2b) of a sentence's tokens (any
-    integer sequence; compared as int64), as two signed 64-bit integers."""
-    import hashlib
-
-    import numpy as np
-
-    raw = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64)).tobytes()
-    d = hashlib.blake2b(raw, digest_size=16).digest()
-    return (int.from_bytes(d[:8], "little", signed=True),
-            int.from_bytes(d[8:], "little", signed=True))
 
 
 def assemble_rows(entries: Sequence[Tuple[Tensor, ...]], width: int, left_pad: bool,

@@ -382,14 +382,14 @@ sample_lines() {
 # line always escapes, so its Python API is used). XML entities in the text
 # (&amp; &lt; &gt; &quot; &apos; &#NN; &#xNN;) are kept whole, as Moses'
 # -protected patterns keep them, so that detokenisation, which never unescapes
-# (moses_detokenize in ctx_fairseq/data/prep_corpora.py), gives them back as
+# (moses_detokenize in ctx_fairseq/prep/corpora.py), gives them back as
 # they were. -a: aggressive dash splits.
 moses_tok() {
     local lang=$1 in=$2 out=$3
     shift 3
     atomic "$out" "$PY" -c '
 import sys
-from ctx_fairseq.data.prep_corpora import moses_tokenize
+from ctx_fairseq.prep.corpora import moses_tokenize
 lang, dash = sys.argv[1], "-a" in sys.argv[2:]
 for line in sys.stdin:
     print(moses_tokenize(line.rstrip("\n"), lang, aggressive_dash_splits=dash))' "$lang" "$@" < "$in"

@@ -13,11 +13,11 @@
 
 CTX_SPLITS=(train valid test)
 
-# ctx_prep_corpora ARGS...: the document readers of ctx_fairseq.data.prep_corpora
+# ctx_prep_corpora ARGS...: the document readers of ctx_fairseq.prep.corpora
 # (the ctx-prep-corpora command, see docs/prep_corpora.md).
 ctx_prep_corpora() {
     "$PY" -c 'import sys
-from ctx_fairseq.data.prep_corpora import cli_main
+from ctx_fairseq.prep.corpora import cli_main
 cli_main(sys.argv[1:])' "$@"
 }
 
@@ -358,7 +358,7 @@ ctx_prep_xml_sets() {
     mkdir -p "$(dirname "$out")"
     "$PY" - "$out" "$l1" "$l2" "$n" "$@" <<'PYEOF'
 import sys
-from ctx_fairseq.data import prep_docs as pd
+from ctx_fairseq.prep import docs as pd
 
 out, l1, l2, n, files = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 docs, where = [], {}

@@ -315,7 +315,7 @@ def cmd_evaluate(a):
     write_atomic(os.path.join(out, "hyp.tok"), hyps)
     if a.detok:
         # the recipes' one detokenizer (no unescaping: moses_tok does not escape)
-        from ctx_fairseq.data.prep_corpora import moses_detokenize
+        from ctx_fairseq.prep.corpora import moses_detokenize
 
         scored = [moses_detokenize(h, a.lang) for h in hyps]
         desc = f"sacremoses-detokenised hypotheses vs the untokenised references {a.ref}"

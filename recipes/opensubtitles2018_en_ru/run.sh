@@ -142,7 +142,7 @@ prep() {
 # (moses_detokenize: sacremoses, nothing unescaped).
 refs() {
     atomic "$WORK/docs/test.detok.$TGT" "$PY" -c 'import sys
-from ctx_fairseq.data.prep_corpora import moses_detokenize
+from ctx_fairseq.prep.corpora import moses_detokenize
 for line in sys.stdin:
     print(moses_detokenize(line, sys.argv[1]))' "$TGT" < "$WORK/docs/test.$TGT"
 }

@@ -12,7 +12,7 @@ RECIPE_NAME=tvsub_zh_en
 RECIPE_USAGE="usage: recipes/tvsub_zh_en/run.sh [--workdir DIR] [--smoke | --study] [--raw DIR] [--cpu]
 
 TVsub zh-en documents (one TV episode = one document): download (git clone)
-or --raw, ctx_fairseq.data.prep_tvsub (episodes as documents, dev/test from
+or --raw, ctx_fairseq.prep.tvsub (episodes as documents, dev/test from
 the SGML refsets, every reference kept, checked), joint subword-nmt BPE,
 fairseq-preprocess with docids, stage 1 sentence-level transformer, stage 2
 every model of MODELS from it at one budget, translation of the test set (dev
@@ -284,7 +284,7 @@ prep() {
     step_reads RAW
     [ -n "$DEV_SRC" ] && extra+=(--dev-src "$DEV_SRC")
     [ -n "$TEST_SRC" ] && extra+=(--test-src "$TEST_SRC")
-    "$PY" -c 'import sys; from ctx_fairseq.data.prep_tvsub import main; main(sys.argv[1:])' \
+    "$PY" -c 'import sys; from ctx_fairseq.prep.tvsub import main; main(sys.argv[1:])' \
         prep --raw "$raw" --out "$WORK/docs" --episodes "$EPISODES" --eval-split "$EVAL_SPLIT" \
         "${extra[@]}"
 }
@@ -477,7 +477,7 @@ translate_model() {
 score_model() {
     local name=$1 out="$WORK/results/$1"
     mkdir -p "$out"
-    ctx_logged "$out/bleu.log" "$PY" -c 'import sys; from ctx_fairseq.data.prep_tvsub import main; main(sys.argv[1:])' \
+    ctx_logged "$out/bleu.log" "$PY" -c 'import sys; from ctx_fairseq.prep.tvsub import main; main(sys.argv[1:])' \
         score "$WORK/generate/$name.txt" --refs "$WORK/docs/test.ref" --docids "$WORK/docs/test.docids" \
         --out-dir "$out" --prefix bleu
     ctx_logged "$out/doc_bleu.log" bleu "$WORK/generate/$name.txt" "$WORK/docs/test.docids" "$out" \

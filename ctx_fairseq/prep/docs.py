@@ -58,6 +58,11 @@ import sys
 import tempfile
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError
+from ctx_fairseq.data.docids import check_docid as _check_docid
+from ctx_fairseq.data.docids import read_docid_lines as read_docids
+from ctx_fairseq.data.docids import read_lines as _read_lines
+
 PROG = "ctx-prep-docs"
 MODES = ("xml", "sgml", "blank-lines", "docids", "tags")
 
@@ -70,21 +75,6 @@ ParallelDoc = Tuple[str, List[Tuple[str, str]]]
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _LINE_BREAK_RUN = re.compile("[ \t]*[" + _LINE_BREAKS + "]+[ \t]*")
 _WHITESPACE = re.compile(r"\s")
-
-
-class PrepDocsError(ValueError):
-    """An input problem: ``path``, 1-based ``line`` (or None) and ``message``."""
-
-    def __init__(self, path: str, line: Optional[int], message: str):
-        self.path = path
-        self.line = line
-        self.message = message
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        if self.line is None:
-            return f"{self.path}: {self.message}"
-        return f"{self.path}:{self.line}: {self.message}"
 
 
 class PrepSummary(NamedTuple):
@@ -100,14 +90,6 @@ def _clean(text: str) -> Tuple[str, int]:
     """Replace each run of line-break characters (and the blanks around it)
     inside ``text`` by one space; returns the text and the number of runs."""
     return _LINE_BREAK_RUN.subn(" ", text)
-
-
-def _check_docid(docid: str, path: str, line: int, what: str = "document id") -> None:
-    if not docid:
-        raise PrepDocsError(path, line, f"empty {what}; expected a non-empty id")
-    if _WHITESPACE.search(docid):
-        raise PrepDocsError(path, line, f"{what} {docid!r} contains whitespace; "
-                                        "expected one token (the .docids file has one id per line)")
 
 
 # --------------------------------------------------------------------------
@@ -825,19 +807,6 @@ def load_wmt(xml: str, src_lang: str, tgt_lang: str, ref_translator: Optional[st
 # plain text
 
 
-def _read_lines(path: str) -> List[str]:
-    """Lines without their line endings. Line endings are those of Python's
-    universal-newline mode (``\\n``, ``\\r\\n``, ``\\r``), as fairseq-preprocess
-    reads them; a UTF-8 byte-order mark is dropped."""
-    try:
-        with open(path, encoding="utf-8-sig", newline=None) as f:
-            return [line[:-1] if line.endswith("\n") else line for line in f]
-    except UnicodeDecodeError as err:
-        raise PrepDocsError(path, None, f"not UTF-8 ({err.reason} at byte {err.start})") from None
-    except OSError as err:
-        raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
-
-
 def _check_counts(files: Sequence[Tuple[str, List[str]]]) -> None:
     """All files must have as many lines as the first one."""
     ref_path, ref = files[0]
@@ -848,29 +817,6 @@ def _check_counts(files: Sequence[Tuple[str, List[str]]]) -> None:
             raise PrepDocsError(short_path, max(len(short), 1),
                                 f"file ends after {len(short)} lines; expected {len(long)} lines "
                                 f"as in {long_path} (line {len(short) + 1} there has no counterpart)")
-
-
-def read_docids(path: str) -> List[str]:
-    """Read a document-id file (one id per line) and check it: no empty ids,
-    no whitespace inside an id, and documents contiguous (an id that comes
-    back after another document started is an error naming the line).
-    Returns the id of each line."""
-    ids = [x.strip() for x in _read_lines(path)]
-    if not ids:
-        raise PrepDocsError(path, 1, "empty file; expected one document id per line")
-    first: Dict[str, int] = {}
-    last: Dict[str, int] = {}
-    prev = None
-    for lineno, docid in enumerate(ids, 1):
-        _check_docid(docid, path, lineno)
-        if docid != prev and docid in first:
-            raise PrepDocsError(path, lineno, f"document {docid} reappears: its lines "
-                                f"{first[docid]}-{last[docid]} were followed by document {prev} "
-                                f"(from line {first[prev]}); expected each document's lines to be contiguous")
-        first.setdefault(docid, lineno)
-        last[docid] = lineno
-        prev = docid
-    return ids
 
 
 def load_docids(src: str, tgt: str, docids: str, allow_empty: bool = False) -> Tuple[List[ParallelDoc], int]:

@@ -2,7 +2,7 @@
 used, recovered from their public releases (see ``docs/prep_corpora.md``).
 
 Three readers, each returning aligned documents ``[(docid, [(src, tgt),
-...]), ...]`` (the ``ParallelDoc`` of :mod:`ctx_fairseq.data.prep_docs`):
+...]), ...]`` (the ``ParallelDoc`` of :mod:`ctx_fairseq.prep.docs`):
 
 * :func:`load_doc_delimited` (``doc-delimited``): one sentence per line, a
   line ``<d>`` before each document, one file per language: the format of the
@@ -32,7 +32,7 @@ Then :func:`filter_documents` (``--min-doc-sentences``) and
 movie never spans two splits). Every boundary is explained in the summary
 (counts per reason); nothing is guessed: an input that does not carry the
 structure a mode needs is an error naming the file and line
-(:class:`~ctx_fairseq.data.prep_docs.PrepDocsError`).
+(:class:`~ctx_fairseq.prep.docs.PrepDocsError`).
 
 :func:`postprocess_generate` (``postprocess-generate``) turns
 ``fairseq-generate`` output of Moses-tokenized (and truecased) data into
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from xml.parsers import expat
 
-from ctx_fairseq.data.prep_docs import (
+from ctx_fairseq.prep.docs import (
     ParallelDoc,
     PrepDocsError,
     decode_text_lines,

@@ -56,8 +56,8 @@ runs both).
 
 Command line::
 
-    python -m ctx_fairseq.data.prep_tvsub prep --raw TVSUB --out docs [--episodes 0:300]
-    python -m ctx_fairseq.data.prep_tvsub score gen.txt --refs docs/test.ref --docids docs/test.docids --out-dir res
+    python -m ctx_fairseq.prep.tvsub prep --raw TVSUB --out docs [--episodes 0:300]
+    python -m ctx_fairseq.prep.tvsub score gen.txt --refs docs/test.ref --docids docs/test.docids --out-dir res
 """
 
 import argparse
@@ -502,7 +502,7 @@ def _episodes(text: str) -> Tuple[int, Optional[int]]:
 
 
 def get_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ctx_fairseq.data.prep_tvsub",
+    p = argparse.ArgumentParser(prog="python -m ctx_fairseq.prep.tvsub",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("prep", help="the splits as documents (OUT/{train,valid,test}.*)")
