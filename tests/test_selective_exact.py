@@ -394,7 +394,7 @@ def test_sparsemax_partial_sort_is_the_full_sort_bitwise(scale):
     largest entries first: the same values bit for bit (and gradients) as
     the full sort, also where the support is wider (the full sort then
     runs) and with masked entries."""
-    from ctx_fairseq.modules.selective_attention import _Sparsemax
+    from ctx_fairseq.modules.sparsemax import _Sparsemax
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 4, 20, 300, generator=g) * scale

@@ -25,7 +25,7 @@ hypotheses.
 
 Lengths: the concatenated sequence must fit the model's positions, so each
 sentence's context is cut (nearest sentences kept, as
-:func:`~ctx_fairseq.data.document_dataset.truncate_windows` does) to the room
+:func:`~ctx_fairseq.data.windows.truncate_windows` does) to the room
 its own sentence leaves: ``max_source_positions - len(x)`` on the source side;
 on the target side ``max_target_positions - len(y)`` in training and
 ``max_target_positions // 2`` at generation (the hypothesis's length is not
@@ -147,7 +147,7 @@ class ConcatContextDataset(FairseqDataset):
     def batch_by_size(self, indices, max_tokens=None, max_sentences=None,
                       required_batch_size_multiple=1):
         if self.inner.document_batching:  # whole documents, in order (sequential generation)
-            from ctx_fairseq.data.document_dataset import document_batches
+            from ctx_fairseq.data.batching import document_batches
 
             parts = np.stack([self._src_len[indices], np.zeros(len(indices), np.int64),
                               self._tgt_len[indices], np.zeros(len(indices), np.int64)], axis=1)

@@ -163,7 +163,7 @@ def condition_dataset(task, split: str, condition: str, context_size: Optional[i
     sentence is visible)."""
     if condition not in ("true",) + CONDITIONS:
         raise ValueError(f"unknown condition {condition!r}; expected one of {CONDITIONS}")
-    from ctx_fairseq.data.document_dataset import DocumentIdError
+    from ctx_fairseq.data.docids import DocumentIdError
 
     with _ablation(task, "none" if condition in ("true", "none") else condition):
         try:

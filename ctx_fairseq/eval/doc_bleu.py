@@ -211,7 +211,7 @@ def doc_bleu(generate_output: str, docids: str, refs: Optional[str] = None,
              tokenize: Optional[str] = None) -> Dict:
     """Score ``generate_output`` per sentence and per document (module
     docstring); returns the result dict that :func:`write_outputs` saves."""
-    from ctx_fairseq.data.document_dataset import read_docids
+    from ctx_fairseq.data.docids import read_docids
 
     if not os.path.isfile(generate_output):
         raise DocBleuError(f"{generate_output}: no such file (fairseq-generate output)")

@@ -103,7 +103,7 @@ with one host read per batch (the module's standalone use, the tests).
 (``searchsorted``; a document absent from the memory has no valid entry),
 computes the visibility on the device (``B x S_max``, elementwise), pads the
 index to whole blocks of ``word_block`` sentences, and arranges the queries
-in groups (:class:`_Layout`): per document when the collater's
+in groups (:class:`QueryLayout`): per document when the collater's
 ``query_doc_groups`` are given (training, scoring, the encoder in
 generation), else per query sentence (incremental decoding, whose rows
 follow the beam). Eq. 3 is one matrix product of each group's queries with
@@ -143,7 +143,6 @@ document and is never reordered.
 """
 
 import math
-from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -156,6 +155,10 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from ctx_fairseq.modules.context_statistics import mean_gate_sum, real_tokens
+from ctx_fairseq.modules.selective_memory import (  # noqa: F401  (re-exported)
+    ProjectedMemory, QueryLayout, memory_layout)
+from ctx_fairseq.modules.sparsemax import (  # noqa: F401  (re-exported)
+    NORMALIZERS, masked_normalize, sparsemax)
 from ctx_fairseq.modules.word_attention import (
     WORD_BLOCK,
     streamed_word_attention,
@@ -172,165 +175,9 @@ __all__ = [
 ]
 
 ATTENTION_TYPES = ("hierarchical", "flat-sentence", "flat-word")
-NORMALIZERS = ("sparsemax", "softmax")
 #: the removed opt-in capacity of the word level (``--doc-word-capacity``): 0 is the
 #: only value (the streamed word level is exact and faster than the capacity was)
 WORD_CAPACITY = 0
-
-
-class _Sparsemax(torch.autograd.Function):
-    """Sparsemax over the last dim (Martins & Astudillo 2016), as
-    ``entmax.sparsemax`` computes it, with a backward of static shape
-    (``entmax``'s indexes its gradient with a boolean mask, a host read per
-    call on a GPU)."""
-
-    #: on the CPU, the threshold is first sought among the largest ``TOP``
-    #: entries (a partial sort): exact whenever the support is smaller
-    TOP = 64
-
-    @staticmethod
-    def forward(ctx, x):
-        x = x - x.amax(-1, keepdim=True)
-        support = None
-        if x.device.type == "cpu" and x.size(-1) > 2 * _Sparsemax.TOP:
-            # the support condition k z_k > sum_{j<=k} z_j - 1 holds on a prefix of
-            # the sorted entries: when it fails within the top TOP for every row,
-            # the threshold is the full sort's, bit for bit (the same partial sums);
-            # else (a host read: the CPU only) the full sort
-            z, _ = torch.topk(x, _Sparsemax.TOP, dim=-1)
-            cs = z.cumsum(-1) - 1
-            k = torch.arange(1, _Sparsemax.TOP + 1, device=x.device, dtype=x.dtype)
-            support = (k * z > cs).sum(-1, keepdim=True)
-            if bool((support >= _Sparsemax.TOP).any()):
-                support = None
-        if support is None:
-            z, _ = torch.sort(x, dim=-1, descending=True)
-            cs = z.cumsum(-1) - 1
-            k = torch.arange(1, x.size(-1) + 1, device=x.device, dtype=x.dtype)
-            support = (k * z > cs).sum(-1, keepdim=True)  # >= 1: the largest entry is in
-        tau = cs.gather(-1, support - 1) / support.to(x.dtype)
-        # in place on the shifted copy (ours): one buffer for x - max, x - tau
-        # and the clamp, not three (the sentence level is B x H x T x S_max)
-        out = x.sub_(tau).clamp_(min=0)
-        ctx.save_for_backward(out, support)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out, support = ctx.saved_tensors
-        on = out != 0
-        g = grad.masked_fill(~on, 0)
-        v = g.sum(-1, keepdim=True) / support.to(g.dtype)
-        return torch.where(on, g - v, g)
-
-
-def sparsemax(x: Tensor) -> Tensor:
-    """Sparsemax over the last dim (see :class:`_Sparsemax`)."""
-    return _Sparsemax.apply(x)
-
-
-def masked_normalize(scores: Tensor, mask: Tensor, kind: str,
-                     dtype: Optional[torch.dtype] = None, inplace: bool = False) -> Tensor:
-    """``kind`` ("sparsemax" | "softmax") over the last dim of ``scores``,
-    restricted to ``mask`` (bool, True = allowed, broadcastable to ``scores``).
-
-    Disallowed entries get exactly 0 weight and 0 gradient; a row with no
-    allowed entry is all zeros with zero (finite) gradient. Disallowed scores
-    are filled with ``torch.finfo(dtype).min`` (dtype-safe, never an overflow
-    in half precision; ``exp`` of it and sparsemax's clamp give exactly 0).
-    ``dtype``: of the result (and of the computation when wider than the
-    scores'); default the scores' dtype. ``inplace``: the scores are the
-    caller's own temporary, whose backward does not read them (a matmul's
-    output): they are filled in place (one B x H x T x S_max buffer fewer)
-    and hold garbage afterwards."""
-    row_ok = mask.any(dim=-1, keepdim=True)
-    x = scores if dtype is None or dtype == scores.dtype else scores.to(
-        torch.promote_types(scores.dtype, dtype))
-    if kind == "sparsemax" and x.dtype in (torch.float16, torch.bfloat16):
-        # stability: sparsemax's threshold comes from a cumulative sum over the
-        # sorted scores, which half precision rounds enough to move the support;
-        # the only upcast of the module (softmax accumulates in float32 itself)
-        x = x.float()
-    if kind not in NORMALIZERS:
-        raise ValueError(f"unknown normaliser {kind!r}; expected one of {NORMALIZERS}")
-    # a row with no allowed entry: one finite entry (its support is 1; the row
-    # is zeroed below), not a row of equal ones whose support is every entry
-    first = torch.arange(x.size(-1), device=x.device) == 0
-    fill = torch.finfo(x.dtype).min
-    # (a converted copy is ours too)
-    x = x.masked_fill_(~mask, fill) if inplace or x is not scores else x.masked_fill(~mask, fill)
-    x = x.masked_fill_(~row_ok & first, 0.0)  # x is ours from here on
-    p = sparsemax(x) if kind == "sparsemax" else torch.softmax(x, dim=-1)
-    return p.masked_fill(~row_ok, 0.0).to(scores.dtype if dtype is None else dtype)
-
-
-def memory_layout(mem_doc: Tensor, mem_pos: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """The padded document index of a memory, computed on the host (one read
-    of ``mem_doc``/``mem_pos`` per batch; the task's collater emits the same
-    tensors, ``mem_doc_rows``/``mem_doc_valid``, without it): ``(doc_ids (D,)
-    sorted, rows D x S_max long, valid D x S_max bool)``; row ``d`` holds the
-    memory rows of document ``doc_ids[d]`` in position order (0 where not
-    valid). Sentences of a document must be contiguous and in strictly
-    increasing position order (checked)."""
-    doc = mem_doc.detach().cpu().numpy()
-    pos = mem_pos.detach().cpu().numpy()
-    S = len(doc)
-    if S > 1:
-        new_run = doc[1:] != doc[:-1]
-        if not bool(((pos[1:] > pos[:-1]) | new_run).all()):
-            raise ValueError("memory sentences of a document must be in strictly "
-                             "increasing position order (mem_pos)")
-        if int(new_run.sum()) + 1 != len(np.unique(doc)):
-            raise ValueError("memory sentences of a document must be contiguous (mem_doc)")
-    ids, counts = np.unique(doc, return_counts=True)
-    s_max = int(counts.max()) if S else 0
-    rows = np.zeros((len(ids), s_max), dtype=np.int64)
-    valid = np.zeros((len(ids), s_max), dtype=bool)
-    slot = np.searchsorted(ids, doc)
-    first = {}
-    for s, d in enumerate(slot.tolist()):
-        first.setdefault(d, s)
-        rows[d, s - first[d]] = s
-        valid[d, s - first[d]] = True
-    dev = mem_doc.device
-    return (torch.from_numpy(ids.astype(np.int64)).to(dev), torch.from_numpy(rows).to(dev),
-            torch.from_numpy(valid).to(dev))
-
-
-@dataclass
-class ProjectedMemory:
-    """Output of :meth:`HierarchicalContextAttention.project_memory`: the
-    projected memory of a batch (each sentence once, ``S`` rows) and its
-    padded document index.
-
-    ``doc_ids`` (``D``, sorted): the documents; ``doc_rows``/``doc_valid``
-    (``D x S_max``): the memory rows of each document in position order and
-    which are real; ``pos``/``has_word`` (``S``), ``word_mask`` (``S x L``);
-    per head ``k_s``/``v_s`` (``S x H x d_k``), ``k_w``/``v_w``
-    (``S x H x L x d_k``), None where the mode does not use them.
-    ``num_sentences``/``max_len``: ``S``/``L``."""
-
-    num_sentences: int
-    max_len: int
-    doc_ids: Tensor
-    doc_rows: Tensor
-    doc_valid: Tensor
-    pos: Tensor
-    has_word: Tensor
-    word_mask: Tensor
-    k_s: Optional[Tensor] = None
-    v_s: Optional[Tensor] = None
-    k_w: Optional[Tensor] = None
-    v_w: Optional[Tensor] = None
-    #: optional (the collater's ``mem_doc_rows_by_len``, ``mem_doc_len_order``,
-    #: numpy ``mem_doc_span_by_len``): each document's sentences longest first,
-    #: so that the per-document word level reads only the columns they occupy
-    by_length: Optional[Tuple[Tensor, Tensor, object]] = None
-
-    @property
-    def max_sentences(self) -> int:
-        """``S_max``: the padded width of the document index (static)."""
-        return self.doc_rows.size(1)
 
 
 class HierarchicalContextAttention(nn.Module):
@@ -625,7 +472,7 @@ class HierarchicalContextAttention(nn.Module):
             if query_groups is not None and query_groups.size(0) != doc_rows.size(0):
                 raise ValueError(f"query_groups: {query_groups.size(0)} documents, the memory "
                                  f"index {doc_rows.size(0)}")
-            lay = _Layout(T, B, rows, doc_rows, query_groups, by_len, query_tokens, group_rows)
+            lay = QueryLayout(T, B, rows, doc_rows, query_groups, by_len, query_tokens, group_rows)
             vis_g = lay.group(vis[:, None, None, :].expand(B, 1, T, s_max), False)
             bias_g = lay.group(bias.expand(B, H, T, s_max), 0.0) if bias is not None else None
             q_s = q_w = None
@@ -714,7 +561,7 @@ class HierarchicalContextAttention(nn.Module):
         dist = (query_pos.unsqueeze(1) - memory.pos[rows]).clamp(-n, n) + n  # B x S_max
         return self.distance_bias[dist].permute(0, 2, 1).unsqueeze(2)
 
-    def _sentence_weights(self, qs: Tensor, memory: ProjectedMemory, lay: "_Layout",
+    def _sentence_weights(self, qs: Tensor, memory: ProjectedMemory, lay: "QueryLayout",
                           vis_g: Tensor, bias_g: Optional[Tensor], kind: str) -> Tensor:
         """Eq. 3 / Eq. 6 (flat-sentence) over each group's memory sentences
         (``G x H x M x S_max``), normalised and kept in float32 at least (Eq. 5
@@ -734,7 +581,7 @@ class HierarchicalContextAttention(nn.Module):
         """``query_groups`` for :meth:`forward`, computed on the host (one read;
         the task's collater emits it as ``query_doc_groups``): row ``d`` holds
         the batch rows of the queries of the memory's document ``d``."""
-        from ctx_fairseq.data.document_dataset import query_groups
+        from ctx_fairseq.data.memory_index import query_groups
 
         ids = memory.doc_ids.detach().cpu().numpy()
         qd = query_doc.detach().cpu().numpy()
@@ -744,7 +591,7 @@ class HierarchicalContextAttention(nn.Module):
         return torch.from_numpy(query_groups(np.where(ok, slot, -1), len(ids))).to(
             query_doc.device)
 
-    def _word_level(self, qw: Tensor, memory: ProjectedMemory, lay: "_Layout", weight: Tensor,
+    def _word_level(self, qw: Tensor, memory: ProjectedMemory, lay: "QueryLayout", weight: Tensor,
                     flat: bool, want_nnz: bool):
         """The streamed word level (:func:`streamed_word_attention`) in layout
         ``lay``: ``(out G x H x M x d, nnz, mass)`` (``nnz``, ``mass`` in the
@@ -790,7 +637,7 @@ class HierarchicalContextAttention(nn.Module):
                                        self.word_attn)
             return alpha_w * alpha_s.unsqueeze(-1)
 
-    def _hierarchical(self, qs: Tensor, qw: Tensor, memory: ProjectedMemory, lay: "_Layout",
+    def _hierarchical(self, qs: Tensor, qw: Tensor, memory: ProjectedMemory, lay: "QueryLayout",
                       vis_g: Tensor, bias_g: Optional[Tensor], want_stats: bool):
         """Eq. 3-5: the sentence weights (float32), then the streamed word level
         weighted by them (sentences outside the Eq. 3 support have weight 0 and
@@ -800,14 +647,14 @@ class HierarchicalContextAttention(nn.Module):
         out, nnz, _ = self._word_level(qw, memory, lay, alpha_s, False, want_stats)
         return out, alpha_s, nnz
 
-    def _flat_sentence(self, qs: Tensor, memory: ProjectedMemory, lay: "_Layout",
+    def _flat_sentence(self, qs: Tensor, memory: ProjectedMemory, lay: "QueryLayout",
                        vis_g: Tensor, bias_g: Optional[Tensor]):
         alpha = self._sentence_weights(qs, memory, lay, vis_g, bias_g, "softmax")  # Eq. 6
         v_s = memory.v_s[lay.index].transpose(1, 2).contiguous()  # G x H x J x d
         out = torch.matmul(self.dropout_module(alpha).to(v_s.dtype), v_s)
         return out, alpha, None
 
-    def _flat_word(self, qw: Tensor, memory: ProjectedMemory, lay: "_Layout", vis_g: Tensor,
+    def _flat_word(self, qw: Tensor, memory: ProjectedMemory, lay: "QueryLayout", vis_g: Tensor,
                    bias_g: Optional[Tensor], want_sent: bool):
         """Eq. 6 over every real word of the visible sentences, streamed (one
         softmax per query token, flash-attention style). The sentence term of
@@ -822,71 +669,6 @@ class HierarchicalContextAttention(nn.Module):
         if mass is None:
             mass = c.new_zeros(())
         return out, mass, nnz
-
-
-class _Layout:
-    """How the query rows are arranged for the word level: per query sentence
-    (``G = B`` groups of ``M = T`` rows, memory sentences ``rows``; incremental
-    decoding) or per document (``query_groups`` ``D x Bq``: ``G = D`` groups of
-    ``M = Bq T`` rows, memory sentences ``doc_rows``; one matrix product per
-    document), there optionally with each document's sentences longest first
-    for the word level (``by_length``: rows, their columns in position order,
-    host spans). Static shapes; no host read."""
-
-    def __init__(self, T: int, B: int, rows: Tensor, doc_rows: Tensor,
-                 query_groups: Optional[Tensor], by_length=None,
-                 query_tokens: Optional[Tensor] = None, group_rows=None):
-        self.T, self.B = T, B
-        self.groups = query_groups
-        self.tokens = query_tokens if query_groups is not None else None
-        self.group_rows = group_rows if query_groups is not None else None
-        self.order = self.rows_by_len = self.spans = None
-        if by_length is not None:
-            self.rows_by_len, self.order, self.spans = by_length
-        if query_groups is None:
-            self.index = rows
-            return
-        self.index = doc_rows
-        if self.tokens is not None:  # the real tokens of each document's queries
-            D, Mq = self.tokens.shape
-            inv = torch.full((B * T + 1,), D * Mq, dtype=torch.long, device=rows.device)
-            inv[self.tokens.reshape(-1)] = torch.arange(D * Mq, device=rows.device)
-            self.inv = inv[:B * T]  # each (b, t)'s place in the groups (D*Mq: none)
-            return
-        D, Bq = query_groups.shape
-        inv = torch.full((B + 1,), D * Bq, dtype=torch.long, device=rows.device)
-        inv[query_groups.reshape(-1)] = torch.arange(D * Bq, device=rows.device)
-        self.inv = inv[:B]  # each batch row's place in the groups (D*Bq: none)
-
-    def group(self, x: Tensor, fill) -> Tensor:
-        """``B x F x T x E`` -> ``G x F x M x E`` (rows of no sentence: ``fill``)."""
-        if self.groups is None:
-            return x
-        if self.tokens is not None:
-            D, Mq = self.tokens.shape
-            F, E = x.size(1), x.size(-1)
-            flat = x.transpose(1, 2).reshape(self.B * self.T, F, E)
-            flat = torch.cat([flat, flat.new_full((1, F, E), fill)])[self.tokens]  # D x Mq x F x E
-            return flat.transpose(1, 2)
-        D, Bq = self.groups.shape
-        pad = x.new_full((1,) + x.shape[1:], fill)
-        x = torch.cat([x, pad])[self.groups]  # D x Bq x F x T x E
-        return x.transpose(1, 2).reshape(D, x.size(2), Bq * self.T, x.size(-1))
-
-    def ungroup(self, x: Tensor) -> Tensor:
-        """``G x F x M x E`` -> ``B x F x T x E`` (a row in no group: 0)."""
-        if self.groups is None:
-            return x
-        if self.tokens is not None:
-            D, Mq = self.tokens.shape
-            F, E = x.size(1), x.size(-1)
-            flat = x.transpose(1, 2).reshape(D * Mq, F, E)
-            flat = torch.cat([flat, flat.new_zeros((1, F, E))])[self.inv]  # B*T x F x E
-            return flat.view(self.B, self.T, F, E).transpose(1, 2)
-        D, Bq = self.groups.shape
-        F, E = x.size(1), x.size(-1)
-        x = x.reshape(D, F, Bq, self.T, E).transpose(1, 2).reshape(D * Bq, F, self.T, E)
-        return torch.cat([x, x.new_zeros((1,) + x.shape[1:])])[self.inv]
 
 
 class ContextGating(nn.Module):

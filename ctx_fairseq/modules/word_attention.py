@@ -136,7 +136,7 @@ def _plan(G: int, M: int, J: int, H: int, L: int, block: int, tile_elems: int, s
 
 def _sparsemax(x: Tensor, dim: int) -> Tensor:
     """Sparsemax over ``dim`` (Martins & Astudillo 2016; the forward of
-    :class:`ctx_fairseq.modules.selective_attention._Sparsemax`)."""
+    :class:`ctx_fairseq.modules.sparsemax._Sparsemax`)."""
     x = x - x.amax(dim, keepdim=True)
     z, _ = torch.sort(x, dim=dim, descending=True)
     cs = z.cumsum(dim) - 1

@@ -1096,7 +1096,7 @@ class DocumentTranslationTask(TranslationTask):
 
     def set_context_layout(self, layout) -> None:
         """Batch sizes count the context as the models built so far lay it out
-        (``ctx_fairseq.data.document_dataset.CONTEXT_LAYOUTS``; an ensemble's
+        (``ctx_fairseq.data.layouts.CONTEXT_LAYOUTS``; an ensemble's
         models share the batches, so a side counted per sentence by one model
         stays so): the splits loaded already (fairseq-train loads the
         validation split before it builds the model; batching comes after) and

@@ -1,0 +1,88 @@
+"""The index tensors of a batch's document memory, built on the host by the
+collater so that a model's path stays static-shaped: each document's query
+rows and query tokens, and its memory sentences by length."""
+
+from typing import Dict
+
+import numpy as np
+import torch
+
+def memory_by_length(doc_rows: np.ndarray, valid: np.ndarray, lengths: np.ndarray, width: int,
+                     left_pad: bool) -> Dict[str, object]:
+    """Each document's memory sentences ordered by length (longest first), so
+    that a block of consecutive ones spans few token columns: the selective
+    word level reads only the columns its block's sentences occupy
+    (:mod:`ctx_fairseq.modules.word_attention`).
+
+    ``doc_rows``/``valid`` (``D x S_max``): the padded document index;
+    ``lengths`` (``S``): tokens per memory row; ``width``: the padded width of
+    the memory's tokens (left- or right-padded). Returns
+    ``mem_doc_rows_by_len`` (``D x S_max`` tensor: memory rows, longest first,
+    the invalid entries last), ``mem_doc_len_order`` (``D x S_max`` tensor: the
+    column of each of them in position order, a permutation per document) and
+    ``mem_doc_span_by_len`` (``D x S_max x 2`` numpy, it stays on the host: the
+    token columns ``[start, end)`` each occupies; ``(width, 0)`` for an
+    invalid entry)."""
+    D, s_max = doc_rows.shape
+    lens = np.where(valid, lengths[doc_rows] if len(lengths) else 0, -1)
+    order = np.argsort(-lens, axis=1, kind="stable")
+    rows = np.take_along_axis(doc_rows, order, axis=1)
+    n = np.take_along_axis(lens, order, axis=1)
+    span = np.empty((D, s_max, 2), dtype=np.int64)
+    ok = n >= 0
+    span[..., 0] = np.where(ok, width - n if left_pad else 0, width)
+    span[..., 1] = np.where(ok, width if left_pad else n, 0)
+    return {"mem_doc_rows_by_len": torch.from_numpy(np.ascontiguousarray(rows)),
+            "mem_doc_len_order": torch.from_numpy(np.ascontiguousarray(order)),
+            "mem_doc_span_by_len": span}
+
+
+def query_token_groups(groups: np.ndarray, lengths: np.ndarray, width: int,
+                       left_pad: bool) -> np.ndarray:
+    """The real (non-padding) query tokens of each document of a batch:
+    ``D x M_max`` int64, row ``d`` the flat positions ``b * width + t`` of the
+    tokens of the query sentences ``groups[d]`` (:func:`query_groups`), padded
+    with ``B * width``. ``lengths``: tokens per batch row; ``width``: the
+    padded width of the batch's source (left- or right-padded). The selective
+    word level then computes no padded query row."""
+    B = len(lengths)
+    parts = []
+    for row in groups:
+        rows = row[row < B]
+        if len(rows) == 0:
+            parts.append(np.zeros(0, dtype=np.int64))
+            continue
+        lens = np.asarray(lengths, dtype=np.int64)[rows]
+        ends = np.cumsum(lens)
+        k = np.arange(int(ends[-1]), dtype=np.int64)
+        which = np.searchsorted(ends, k, side="right")
+        t = k - (ends - lens)[which]
+        t = t + (width - lens[which]) if left_pad else t
+        parts.append(rows[which] * width + t)
+    out = np.full((len(groups), max([1] + [len(x) for x in parts])), B * width, dtype=np.int64)
+    for d, x in enumerate(parts):
+        out[d, :len(x)] = x
+    return out
+
+
+def query_groups(query_doc: np.ndarray, num_docs: int) -> np.ndarray:
+    """The query sentences of each document of a batch: ``D x Bq_max`` int64,
+    row ``d`` the batch rows ``b`` with ``query_doc[b] == d`` in batch order,
+    padded with ``B`` (``Bq_max`` >= 1). Rows with ``query_doc`` -1 (context
+    dropped) or outside ``0..D-1`` are in no group. The document-memory
+    models' per-document layout (one matrix product per document and memory
+    block, see :mod:`ctx_fairseq.modules.selective_attention`), built here on
+    the host so that the model reads nothing back from the device."""
+    query_doc = np.asarray(query_doc, dtype=np.int64)
+    B, D = len(query_doc), int(num_docs)
+    ok = (query_doc >= 0) & (query_doc < D)
+    counts = np.bincount(query_doc[ok], minlength=D) if D else np.zeros(0, dtype=np.int64)
+    width = max(1, int(counts.max()) if D else 1)
+    out = np.full((D, width), B, dtype=np.int64)
+    if ok.any():
+        rows = np.flatnonzero(ok)
+        order = rows[np.argsort(query_doc[rows], kind="stable")]
+        docs = query_doc[order]
+        starts = np.cumsum(counts) - counts
+        out[docs, np.arange(len(order)) - starts[docs]] = order
+    return out
