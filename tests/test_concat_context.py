@@ -160,13 +160,13 @@ def _per_length_reference(task, generator, models, sample):
     from fairseq.tasks.translation import TranslationTask
 
     from ctx_fairseq.data.concat_dataset import strip_prefix
-    from ctx_fairseq.tasks.document_translation import _select_rows
+    from ctx_fairseq.tasks.generation import select_rows
 
     plen = sample["target_prefix_len"].tolist()
     out = [None] * len(plen)
     for n in sorted(set(plen)):
         rows = [r for r, p in enumerate(plen) if p == n]
-        sub = _select_rows(sample, rows)
+        sub = select_rows(sample, rows)
         saved = (generator.max_len_b, generator.min_len)
         generator.max_len_b, generator.min_len = saved[0] + n, saved[1] + n
         try:
@@ -276,7 +276,7 @@ def test_forced_prefixes_refuse_a_row_whose_minimum_length_exceeds_its_maximum()
     The boundary (equal lengths) is generated: the row's end of sentence
     comes exactly at its last step."""
     from ctx_fairseq.host_reads import HostReadCounter
-    from ctx_fairseq.tasks.document_translation import ForcedPrefixes
+    from ctx_fairseq.tasks.generation import ForcedPrefixes
 
     # the model's maximum target positions bind: max_len - 1 = 9; the row of a
     # 8-token context may end at step 9 at the latest but --min-len 2 needs 10

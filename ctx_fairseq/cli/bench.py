@@ -547,7 +547,7 @@ class Bench:
         def forced():
             if prefix is None:
                 return contextlib.nullcontext()
-            from ctx_fairseq.tasks.document_translation import ForcedPrefixes
+            from ctx_fairseq.tasks.generation import ForcedPrefixes
 
             return ForcedPrefixes(gen, sample, sample["target_prefix_len"].tolist())
 

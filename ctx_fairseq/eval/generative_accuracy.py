@@ -100,7 +100,7 @@ from ctx_fairseq.eval.contrastive_suites import FORMATS, Example, Suite, read_su
 from ctx_fairseq.eval.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
     remove_bpe
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
-from ctx_fairseq.tasks.document_translation import _best_tokens_on_cpu
+from ctx_fairseq.tasks.generation import best_tokens_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ def translate_suite(scorer: ContrastiveScorer, suite: Suite, beam: int = 5,
             # the whole batch on the model's device, as fairseq-generate moves it
             sample = utils.apply_to_sample(lambda t: t.to(device), sample)
             hypos = task.inference_step(generator, [model], sample)
-            for row, toks in zip(ids, _best_tokens_on_cpu(hypos)):  # one copy per batch
+            for row, toks in zip(ids, best_tokens_on_cpu(hypos)):  # one copy per batch
                 text = tgt_dict.string(toks)
                 for scheme in lines_with_bpe([text]):
                     text = remove_bpe([text], scheme)[0]

@@ -99,7 +99,7 @@ without context.
 
 Batches the task builds at generation (``--own-target-context``'s positions,
 fairseq-interactive's restored context) are moved whole to the device of the
-batch fairseq handed it (:func:`_to_device`); ``--concat-context`` generates a
+batch fairseq handed it (:func:`to_device`); ``--concat-context`` generates a
 batch in one generator call whatever its prefix lengths
 (:class:`ForcedPrefixes`).
 
@@ -111,17 +111,16 @@ is built for a new run only; when fairseq will restore a checkpoint
 
 import inspect
 import logging
-import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 import torch
 from fairseq import utils
-from fairseq.data import FairseqDataset, LanguagePairDataset, data_utils
+from fairseq.data import LanguagePairDataset, data_utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
@@ -138,6 +137,14 @@ from ctx_fairseq.data.document_dataset import (
     normalise_context_layout,
     read_docids,
 )
+from ctx_fairseq.tasks.generation import (
+    ForcedPrefixes,
+    OwnTargetContextState,
+    batch_device,
+    best_tokens_on_cpu,
+    to_device,
+)
+from ctx_fairseq.tasks.interactive import InteractiveDocumentState, InteractiveDocumentView
 
 logger = logging.getLogger(__name__)
 
@@ -258,319 +265,6 @@ def model_context_layout(model) -> Dict[str, str]:
     registered architecture that reads per-sentence context, that the tokens
     it embeds stay within the ``--max-tokens`` of the task's batches."""
     return normalise_context_layout(getattr(model, "context_layout", None))
-
-
-def _to_device(sample: Dict, device: torch.device) -> Dict:
-    """Every tensor of a (re-)collated batch on ``device``, the device of the
-    batch fairseq handed the task (fairseq-generate and fairseq-interactive
-    move the whole batch, ``id`` and ``target`` included, to the GPU: a tensor
-    left on the CPU meets GPU indices in the generator)."""
-    return utils.apply_to_sample(lambda t: t.to(device), sample)
-
-
-def _batch_device(sample: Dict) -> torch.device:
-    return sample["net_input"]["src_tokens"].device
-
-
-def _select_rows(sample: Dict, rows: Sequence[int]) -> Dict:
-    """The rows ``rows`` of a collated batch (every tensor whose first
-    dimension is the batch)."""
-    bsz = sample["id"].numel()
-    idx = torch.as_tensor(list(rows), dtype=torch.long)
-
-    def pick(v):
-        if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == bsz:
-            return v.index_select(0, idx.to(v.device))
-        if isinstance(v, dict):
-            return {k: pick(x) for k, x in v.items()}
-        return v
-
-    out = {k: pick(v) for k, v in sample.items()}
-    out["nsentences"] = len(rows)
-    return out
-
-
-def _best_tokens_on_cpu(hypos: List[List[dict]]) -> List[torch.Tensor]:
-    """The best hypothesis's tokens of every sentence, on the CPU, read back
-    from the device in one copy per batch (not one per sentence): padded into
-    one tensor on the device, copied, split by the lengths (shapes, known on
-    the host)."""
-    best = [row[0]["tokens"].detach().long() for row in hypos]
-    if not best:
-        return []
-    if all(t.device.type == "cpu" for t in best):
-        return best
-    lengths = [int(t.numel()) for t in best]
-    flat = torch.cat(best).cpu()
-    return list(torch.split(flat, lengths))
-
-
-class ForcedPrefixes:
-    """``--concat-context`` generation: every row's target context forced as
-    the start of its hypotheses, in one call of fairseq's
-    ``SequenceGenerator`` for the whole batch, rows of different prefix
-    lengths together.
-
-    fairseq forces a (padded) ``prefix_tokens`` but applies ``--min-len``, its
-    ``tokens_to_suppress`` (the break symbol) and the length limit to the
-    whole batch at once: suppression and ``--min-len`` only once every row has
-    left its prefix, one ``max_len`` for all rows. So the task used to call
-    the generator once per distinct prefix length. Here, for the duration of
-    one call (a context manager), the generator's ``EnsembleModel`` applies
-    per row, after the models' log-probabilities of each step (static shapes,
-    no read back to the host):
-
-    * row ``r`` with prefix ``p_r`` of ``n_r`` tokens, step ``t < n_r``: every
-      token but ``p_r[t]`` gets ``-inf`` (its own log-probability kept, as
-      fairseq's ``_prefix_tokens`` does; beam search then keeps one live beam
-      through the prefix, as there);
-    * ``t >= n_r``: the generator's suppressed tokens get ``-inf``, and
-      ``</s>`` while ``t < n_r + min_len``;
-    * ``t >= max_len_r = min(int(max_len_a * src_len + max_len_b) + n_r,
-      max_len - 1)``: only ``</s>``;
-
-    which is what a call for the rows of one prefix length did (``max_len_b``
-    and ``min_len`` raised by ``n_r``), while the generator's own limits are
-    set to the loosest (``max_len_b`` + the longest prefix; no suppression;
-    its ``min_len`` unchanged, below every row's). Each row's beam search is
-    independent of the others', so the hypotheses are those of the calls per
-    length. The row of each hypothesis is followed through the generator's
-    reorders (``reorder_incremental_state``, called with the new order of the
-    rows at every step, finished sentences removed).
-
-    ``--match-source-len`` (the limit from the concatenated source, per
-    call) is refused. So is, before generation (from the prefix lengths,
-    known on the host: no read back per step), a row whose limits cannot be
-    met, with the sentence's id and its lengths named: a prefix that leaves
-    no step for the translation (``max_len_r <= n_r``), and a row whose
-    minimum length is beyond its maximum (``min_len_r = n_r + min_len >
-    max_len_r``, e.g. ``--min-len >= 2`` with a context near the maximum
-    target positions), which fairseq's own call per length refused by an
-    assertion (``min_len <= max_len``) and which here would leave the row
-    every token at ``-inf`` at step ``max_len_r`` (a wrong translation).
-    Every row meeting both, the generator's own limits (``min_len`` at or
-    below each row's, ``max_len`` at or above) hold too."""
-
-    def __init__(self, generator, sample, plen: List[int]):
-        self.gen = generator
-        self.model = getattr(generator, "model", None)
-        if self.model is None or not hasattr(self.model, "forward_decoder"):
-            raise ValueError(f"--concat-context: generation needs fairseq's SequenceGenerator "
-                             f"(its EnsembleModel); got {type(generator).__name__}")
-        if getattr(generator, "match_source_len", False):
-            raise ValueError("--match-source-len is not supported with --concat-context")
-        src = sample["net_input"]["src_tokens"]
-        device = src.device
-        self.eos = generator.eos
-        self.beam = generator.beam_size
-        longest = max(plen)
-        base = int(generator.max_len_a * src.size(1) + generator.max_len_b)
-        limit = generator.max_len - 1
-        self._check_lengths(sample, plen, base, limit, src.size(1))
-        prefix = sample["target_prefix"]
-        self.prefix = prefix[:, :longest].to(device)
-        self.plen = sample["target_prefix_len"].to(device)
-        self.max_len = (self.plen + base).clamp(max=limit)
-        self.min_len = self.plen + generator.min_len
-        sup = getattr(generator, "token_indices_to_suppress", None)
-        self.suppress = sup.to(device) if sup is not None else None
-        self.rows = torch.arange(len(plen), device=device).repeat_interleave(self.beam)
-        self.longest = longest
-        self.not_eos = None
-
-    def _check_lengths(self, sample, plen: List[int], base: int, limit: int, src_len: int):
-        """Every row's limits met (see the class): else an error naming the
-        first failing row's sentence and its lengths. Host arithmetic on the
-        prefix lengths; the sentence's id is read only to raise."""
-        g = self.gen
-        for r, n in enumerate(plen):
-            max_len_r = min(base + n, limit)
-            min_len_r = n + g.min_len
-            if max_len_r > n and min_len_r <= max_len_r:
-                continue
-            ids = sample.get("id")
-            sid = int(ids[r]) if ids is not None else r  # (error path only)
-            how = (f"at most {max_len_r} target tokens fit: min(int(--max-len-a "
-                   f"{g.max_len_a} * source length {src_len} + --max-len-b {g.max_len_b}) + "
-                   f"{n}, the model's maximum target positions {g.max_len} - 1)")
-            if max_len_r <= n:
-                raise RuntimeError(
-                    f"--concat-context: sentence {sid} (batch row {r}): its {n}-token target "
-                    f"context leaves no step for the translation; {how}")
-            raise RuntimeError(
-                f"--concat-context: sentence {sid} (batch row {r}): its {n}-token target "
-                f"context and --min-len {g.min_len} need at least {min_len_r} target tokens, "
-                f"but {how}; lower --min-len, raise --max-len-a/--max-len-b, or shorten the "
-                "target context (--target-context-size / the maximum target positions)")
-
-    def __enter__(self):
-        g = self.gen
-        self.saved = {"max_len_b": g.max_len_b,
-                      "token_indices_to_suppress": g.token_indices_to_suppress}
-        g.max_len_b = g.max_len_b + self.longest
-        g.token_indices_to_suppress = None
-        # wrap the methods the model has now (an instance's own, e.g. a profiler's, kept)
-        names = ("forward_decoder", "reorder_incremental_state")
-        self.own = {k: self.model.__dict__[k] for k in names if k in self.model.__dict__}
-        self.inner = {k: getattr(self.model, k) for k in names}
-        for k in names:
-            setattr(self.model, k, getattr(self, k))
-        return self
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(self.gen, k, v)
-        for k in self.inner:
-            self.model.__dict__.pop(k, None)
-            if k in self.own:
-                setattr(self.model, k, self.own[k])
-        return False
-
-    def reorder_incremental_state(self, incremental_states, new_order):
-        self.rows = self.rows.index_select(0, new_order)
-        return self.inner["reorder_incremental_state"](incremental_states, new_order)
-
-    def forward_decoder(self, tokens, *args, **kwargs):
-        lprobs, attn = self.inner["forward_decoder"](tokens, *args, **kwargs)
-        step = tokens.size(1) - 1
-        rows = self.rows
-        n = self.plen.index_select(0, rows)
-        max_len = self.max_len.index_select(0, rows)
-        if step < self.longest:
-            tok = self.prefix[:, step].index_select(0, rows).unsqueeze(1)
-            forced = torch.full_like(lprobs, -math.inf).scatter_(1, tok, lprobs.gather(1, tok))
-            in_prefix = (n > step) & (max_len > step)
-            lprobs = torch.where(in_prefix.unsqueeze(1), forced, lprobs)
-        after = n <= step
-        if self.suppress is not None:
-            lprobs[:, self.suppress] = lprobs[:, self.suppress].masked_fill(
-                after.unsqueeze(1), -math.inf)
-        no_eos = after & (self.min_len.index_select(0, rows) > step)
-        lprobs[:, self.eos] = lprobs[:, self.eos].masked_fill(no_eos, -math.inf)
-        if self.not_eos is None:
-            self.not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
-            self.not_eos[self.eos] = False
-        return lprobs.masked_fill((max_len <= step).unsqueeze(1) & self.not_eos, -math.inf), attn
-
-
-class InteractiveDocumentView(FairseqDataset):
-    """One ``fairseq-interactive`` buffer seen through the document's dataset.
-
-    ``full`` is a :class:`DocumentContextDataset` over the previous sentences
-    of the current document (kept from earlier buffers) followed by this
-    buffer's non-blank lines; item ``i`` of the view is buffer line ``i``
-    (``line_to_full[i]`` in ``full``; -1 for a blank line, which only ends a
-    document and is never batched). Ids are buffer-local, as
-    fairseq-interactive expects."""
-
-    def __init__(self, full: DocumentContextDataset, line_to_full: np.ndarray):
-        super().__init__()
-        self.full = full
-        self.line_to_full = np.asarray(line_to_full, dtype=np.int64)
-        self.full_to_line = {int(f): i for i, f in enumerate(self.line_to_full) if f >= 0}
-
-    def __len__(self):
-        return len(self.line_to_full)
-
-    def __getitem__(self, i):
-        item = self.full[int(self.line_to_full[i])]
-        item["id"] = i
-        return item
-
-    def collater(self, samples, pad_to_length=None):
-        full = [dict(s, id=int(self.line_to_full[s["id"]])) for s in samples]
-        batch = self.full.collater(full)
-        if batch:
-            batch["id"] = torch.tensor([self.full_to_line[int(f)] for f in batch["id"].tolist()])
-        return batch
-
-    def _map(self, indices):
-        return self.line_to_full[np.asarray(indices, dtype=np.int64)].astype(np.int64)
-
-    def _back(self, full_indices):
-        return np.array([self.full_to_line[int(f)] for f in full_indices], dtype=np.int64)
-
-    def num_tokens(self, i):
-        return self.full.num_tokens(int(self.line_to_full[i]))
-
-    def num_tokens_vec(self, indices):
-        return self.full.num_tokens_vec(self._map(indices))
-
-    def size(self, i):
-        return self.full.size(int(self.line_to_full[i]))
-
-    @property
-    def sizes(self):
-        if self.full is None:
-            return np.zeros(len(self), dtype=np.int64)
-        return self.full.sizes[np.maximum(self.line_to_full, 0)]
-
-    def ordered_indices(self):
-        return np.flatnonzero(self.line_to_full >= 0).astype(np.int64)
-
-    def filter_indices_by_size(self, indices, max_sizes):
-        if len(indices) == 0:
-            return np.asarray(indices, dtype=np.int64), []
-        kept, ignored = self.full.filter_indices_by_size(self._map(indices), max_sizes)
-        return self._back(kept), list(self._back(ignored))
-
-    def batch_by_size(self, indices, max_tokens=None, max_sentences=None,
-                      required_batch_size_multiple=1):
-        if len(indices) == 0:
-            return []
-        batches = self.full.batch_by_size(self._map(indices), max_tokens=max_tokens,
-                                          max_sentences=max_sentences,
-                                          required_batch_size_multiple=required_batch_size_multiple)
-        return [self._back(b) for b in batches]
-
-    @property
-    def can_reuse_epoch_itr_across_epochs(self):
-        return False
-
-    def set_epoch(self, epoch):
-        pass
-
-
-class InteractiveDocumentState:
-    """What ``fairseq-interactive`` needs between buffers: the source
-    sentences of the current document, the model's translations of them (for
-    target context), a document counter, and the batches expected next (in
-    the order fairseq-interactive runs them)."""
-
-    def __init__(self, keep: Optional[int]):
-        self.keep = keep  # sentences of context to keep (None: the whole document)
-        self.src: List[torch.Tensor] = []
-        self.hyp: List[Optional[torch.Tensor]] = []
-        self.doc = 0
-        self.positions: Dict[int, int] = {}
-        self.expected: Deque[Tuple[InteractiveDocumentView, np.ndarray]] = deque()
-
-    def trim(self):
-        if self.keep is not None and len(self.src) > self.keep:
-            self.src, self.hyp = self.src[-self.keep:], self.hyp[-self.keep:]
-
-
-class OwnTargetContextState:
-    """``--own-target-context``: which sentences of ``dataset`` are translated,
-    and per document how many of its first sentences are (so "are the
-    earlier sentences translated?" is one comparison)."""
-
-    def __init__(self, dataset: DocumentContextDataset):
-        self.dataset = dataset
-        self.translated = np.zeros(len(dataset), dtype=bool)
-        self.prefix = np.zeros(len(dataset.doc_start), dtype=np.int64)
-
-    def ready(self, i: int) -> bool:
-        ds = self.dataset
-        return int(self.prefix[ds.doc_index[i]]) >= int(ds.sent_pos[i])
-
-    def done(self, i: int) -> None:
-        ds = self.dataset
-        self.translated[i] = True
-        d = int(ds.doc_index[i])
-        start, n = int(ds.doc_start[d]), int(ds.doc_len[d])
-        while self.prefix[d] < n and self.translated[start + self.prefix[d]]:
-            self.prefix[d] += 1
 
 
 @register_task("document_translation", dataclass=DocumentTranslationConfig)
@@ -880,7 +574,7 @@ class DocumentTranslationTask(TranslationTask):
         if not torch.equal(batch["net_input"]["src_tokens"], given.cpu()):
             raise RuntimeError("document_translation: fairseq-interactive ran a batch other than "
                                "the one expected; cannot attach its context")
-        moved = _to_device({"net_input": batch["net_input"], "id": batch["id"]}, given.device)
+        moved = to_device({"net_input": batch["net_input"], "id": batch["id"]}, given.device)
         restored = dict(sample)
         restored["net_input"] = moved["net_input"]
         restored["id"] = moved["id"]
@@ -952,7 +646,7 @@ class DocumentTranslationTask(TranslationTask):
         pos = inner.sent_pos[ids]
         order = np.argsort(pos, kind="stable")
         cuts = np.flatnonzero(np.diff(pos[order])) + 1
-        device = _batch_device(sample)
+        device = batch_device(sample)
         out: Dict[int, list] = {}
         for rows in np.split(order, cuts):
             group = ids[rows].tolist()
@@ -966,12 +660,12 @@ class DocumentTranslationTask(TranslationTask):
             one = ds.collater([ds[i] for i in group])
             one_ids = one["id"].tolist()  # the collater's order (still on the CPU: no read)
             plen = one["target_prefix_len"].tolist() if self.cfg.concat_context else None
-            one = _to_device(one, device)
+            one = to_device(one, device)
             if self.cfg.concat_context:
                 hyps = self._concat_step(generator, models, one, None, None, plen)
             else:
                 hyps = super().inference_step(generator, models, one, None, None)
-            for i, h, best in zip(one_ids, hyps, _best_tokens_on_cpu(hyps)):
+            for i, h, best in zip(one_ids, hyps, best_tokens_on_cpu(hyps)):
                 out[int(i)] = h
                 ds.set_target_context(int(i), best)
                 state.done(int(i))
@@ -985,13 +679,13 @@ class DocumentTranslationTask(TranslationTask):
         (``set_target_context``: the context lengths of the sentences that
         read it are updated, nothing else)."""
         st, full = self._interactive, view.full
-        device = _batch_device(sample)
+        device = batch_device(sample)
         lines = [int(i) for i in sample["id"].tolist()]
         rows = sorted(range(len(lines)), key=lambda r: int(view.line_to_full[lines[r]]))
         out = [None] * len(lines)
         for r in rows:
             f = int(view.line_to_full[lines[r]])
-            one = _to_device(view.collater([view[lines[r]]]), device)
+            one = to_device(view.collater([view[lines[r]]]), device)
             hyp = super().inference_step(
                 generator, models, one,
                 prefix_tokens[r:r + 1] if prefix_tokens is not None else None,
