@@ -1168,17 +1168,17 @@ def test_frozen_memory_without_its_frozen_copy_is_an_error():
     """Never read a 'frozen' memory from the trainable weights."""
     import argparse
 
-    from ctx_fairseq.models.transformer_selective_doc import _frozen_source
+    from ctx_fairseq.models.transformer_selective_doc import frozen_source
 
     class _M:
         memory_encoder = None
         args = argparse.Namespace(freeze_sentence_level=False)
 
     with pytest.raises(RuntimeError, match="frozen copy of the sentence-level model is missing"):
-        _frozen_source(_M(), "memory_encoder")
+        frozen_source(_M(), "memory_encoder")
     _M.args.freeze_sentence_level = True
     m = _M()
-    assert _frozen_source(m, "memory_encoder") is m
+    assert frozen_source(m, "memory_encoder") is m
 
 
 # --------------------------------------------------------------------------- host reads
