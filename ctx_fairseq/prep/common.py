@@ -1,10 +1,12 @@
 """What the corpus readers share: a document's type (its id and sentence
-pairs), the summary of a preparation, and the cleaning of line breaks inside
-sentences; the input error and the ``.docids`` reader are the runtime
+pairs), the summary of a preparation, the counts of what a reader dropped
+(:class:`CorpusStats`), and the cleaning of line breaks and white space
+inside sentences; the input error and the ``.docids`` reader are the runtime
 data's (:mod:`ctx_fairseq.data.docids`)."""
 
+import collections
 import re
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ctx_fairseq.data.docids import DocFileError as PrepDocsError  # noqa: F401
 from ctx_fairseq.data.docids import check_docid, read_lines  # noqa: F401
@@ -18,6 +20,7 @@ ParallelDoc = Tuple[str, List[Tuple[str, str]]]
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 LINE_BREAK_RUN = re.compile("[ \t]*[" + _LINE_BREAKS + "]+[ \t]*")
 WHITESPACE = re.compile(r"\s")
+SPACE_RUN = re.compile(r"\s+")
 
 
 class PrepSummary(NamedTuple):
@@ -35,3 +38,30 @@ def clean_text(text: str) -> Tuple[str, int]:
     return LINE_BREAK_RUN.subn(" ", text)
 
 
+class CorpusStats:
+    """Counts of what a reader kept and dropped, and why; notes for the summary."""
+
+    def __init__(self):
+        self.counts: "collections.Counter[str]" = collections.Counter()
+        self.examples: Dict[str, str] = {}  # reason -> first FILE:LINE
+
+    def add(self, key: str, n: int = 1, where: Optional[str] = None) -> None:
+        self.counts[key] += n
+        if where is not None and key not in self.examples:
+            self.examples[key] = where
+
+    def to_dict(self) -> Dict:
+        return {"counts": dict(sorted(self.counts.items())), "first_examples": dict(self.examples)}
+
+    def lines(self) -> List[str]:
+        out = []
+        for key, n in sorted(self.counts.items()):
+            ex = f" (first: {self.examples[key]})" if key in self.examples else ""
+            out.append(f"  {key}: {n}{ex}")
+        return out
+
+
+def collapse_whitespace(text: str) -> str:
+    """Surrounding white space stripped, every run of white space (line breaks
+    included) one space: one line per sentence whatever the input held."""
+    return SPACE_RUN.sub(" ", text).strip()
