@@ -7,18 +7,21 @@ checkpoints contain so that they load under ``torch.load(weights_only=True)``
 (torch >= 2.6) without turning safe loading off, and makes fairseq keep the
 last partial batch instead of silently dropping it, resume a killed run with
 the batches of an uninterrupted one and copy checkpoints atomically (see
-``ctx_fairseq.compat``).
+``ctx_fairseq.compat``); bad options and files given to a fairseq command
+end in one line, not a traceback (``ctx_fairseq.errors``).
 """
 
 __version__ = "0.1.0"
 
 from ctx_fairseq import compat as _compat  # noqa: E402
+from ctx_fairseq import errors as _errors  # noqa: E402
 from ctx_fairseq import safe_load as _safe_load  # noqa: E402
 
 _safe_load.allow_fairseq_checkpoints()
 _compat.keep_last_batch()
 _compat.reuse_first_epoch_batches()  # a resumed run builds the uninterrupted run's batches
 _compat.atomic_checkpoint_copies()  # checkpoint_last.pt / _best.pt whole or not at all
+_errors.install_excepthook()  # bad options or files: one line, not a traceback
 
 from ctx_fairseq._registry import import_all_submodules as _import_all  # noqa: E402
 

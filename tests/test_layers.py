@@ -11,8 +11,9 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 #: what each ground-floor part may import of ctx_fairseq (every other part is above)
 ALLOWED = {
-    "data": ("ctx_fairseq.data", "ctx_fairseq.digest"),
+    "data": ("ctx_fairseq.data", "ctx_fairseq.digest", "ctx_fairseq.errors"),
     "digest.py": (),
+    "errors.py": (),
 }
 
 

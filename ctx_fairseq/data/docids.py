@@ -3,7 +3,7 @@ per sentence, each document's sentences contiguous), read the same way by
 the runtime dataset (:func:`read_docids`, checked against the number of
 sentences) and by corpus preparation (``ctx_fairseq.prep.docs``, which
 writes them: :func:`read_docid_lines`, :func:`check_docid`,
-:func:`read_lines`). The ground floor: imports nothing of ctx_fairseq."""
+:func:`read_lines`). The ground floor: imports only ``ctx_fairseq.errors``."""
 
 import os
 import re
@@ -11,13 +11,15 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ctx_fairseq.errors import InputError
+
 __all__ = ["DocFileError", "DocumentIdError", "check_docid", "check_docids", "read_docid_lines",
            "read_docids", "read_lines"]
 
 _WHITESPACE = re.compile(r"\s")
 
 
-class DocFileError(ValueError):
+class DocFileError(InputError):
     """An input problem in a file: ``path``, 1-based ``line`` (or None) and
     ``message`` (``ctx_fairseq.prep.docs.PrepDocsError`` is this class)."""
 
@@ -79,7 +81,7 @@ def read_docid_lines(path: str) -> List[str]:
     return ids
 
 
-class DocumentIdError(ValueError):
+class DocumentIdError(InputError):
     """Document ids that do not fit the data (count, empty id, non-contiguous)."""
 
 

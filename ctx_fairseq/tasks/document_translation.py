@@ -137,6 +137,7 @@ from ctx_fairseq.data.document_dataset import (
     normalise_context_layout,
     read_docids,
 )
+from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.generation import (
     ForcedPrefixes,
     OwnTargetContextState,
@@ -285,6 +286,16 @@ class DocumentTranslationTask(TranslationTask):
         self._own_state: Optional[OwnTargetContextState] = None
         #: the context layout of the models built (``set_context_layout``)
         self.context_layout: Dict[str, str] = normalise_context_layout(None)
+        try:
+            self._check_options()
+        except InputError:
+            raise
+        except ValueError as err:  # bad options: one line from a fairseq command (errors.py)
+            raise InputError(str(err)) from None
+
+    def _check_options(self) -> None:
+        """The task's options, checked before any data is read."""
+        cfg = self.cfg
         self._check_concat()
         for name in ("context_dropout", "coword_dropout"):
             p = float(getattr(cfg, name, 0.0) or 0.0)
@@ -757,7 +768,7 @@ class DocumentTranslationTask(TranslationTask):
             if hasattr(model, "finish_setup") or any(
                     k in inspect.signature(model.forward).parameters
                     for k in ("src_ctx_tokens", "mem_src_tokens")):
-                raise ValueError("--concat-context is for sentence-level architectures; "
+                raise InputError("--concat-context is for sentence-level architectures; "
                                  f"{getattr(cfg, 'arch', type(model).__name__)} reads context "
                                  "inputs of its own")
         elif self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0:
@@ -766,7 +777,7 @@ class DocumentTranslationTask(TranslationTask):
             takes = key in params or any(
                 p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
             if not takes:
-                raise ValueError(
+                raise InputError(
                     f"--arch {getattr(cfg, 'arch', type(model).__name__)} does not take document "
                     f"context (its forward has no {key}); use a context-aware "
                     "architecture or --source-context-size 0 --target-context-size 0")
