@@ -80,7 +80,9 @@ from ctx_fairseq.data.layouts import (  # noqa: F401
 from ctx_fairseq.data.memory_index import (  # noqa: F401
     memory_by_length, query_groups, query_token_groups)
 from ctx_fairseq.data.windows import (  # noqa: F401
-    PARTIAL_NEXT, PARTIAL_NONE, PARTIAL_PREV, _ranges, longest_sentences, truncate_windows)
+    PARTIAL_NEXT, PARTIAL_NONE, PARTIAL_PREV, context_ranges, longest_sentences,
+    truncate_windows)
+from ctx_fairseq.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -217,11 +219,11 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
             if k <= 0 or self.document_memory:  # document memory: no per-sentence context
                 continue
             if document_context == "online":
-                self.full_windows[side] = _ranges(s_start, s_end, None, "prev")
+                self.full_windows[side] = context_ranges(s_start, s_end, None, "prev")
             elif document_context == "offline":
-                self.full_windows[side] = _ranges(s_start, s_end, None, "both")
+                self.full_windows[side] = context_ranges(s_start, s_end, None, "both")
             else:
-                self.full_windows[side] = _ranges(s_start, s_end, k, direction)
+                self.full_windows[side] = context_ranges(s_start, s_end, k, direction)
         self.donor = self._shuffled_donors() if ablation == "shuffled" else None
         #: document memory, shuffled ablation: per document the document whose memory it reads
         self.memory_donor = (self._memory_donors() if self.document_memory
@@ -239,22 +241,22 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
             if v is None or (name == "--sample-context-size" and not v):
                 continue
             if isinstance(v, bool) or int(v) != v or int(v) < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+                raise InputError(f"{name} must be an integer >= 0, got {v!r}")
             if memory or document_context != "none":
-                raise ValueError(
+                raise InputError(
                     f"{name} cuts a bounded context of previous sentences (--source-context-size"
                     f" / --target-context-size); a whole-document context or document memory "
                     f"(--document-context {document_context}) has no such size "
                     "(docs/document_translation.md, 'Sampled context size')")
             if largest == 0:
-                raise ValueError(f"{name} {v} on a sentence-level setting (--source-context-size"
+                raise InputError(f"{name} {v} on a sentence-level setting (--source-context-size"
                                  " and --target-context-size 0): there is no context to size")
             if direction != "prev" and not (name == "--context-size" and int(v) == 0):
                 # (size 0, the empty context, needs no direction: CXMI's "none")
-                raise ValueError(f"{name} counts previous sentences (--context-direction prev), "
+                raise InputError(f"{name} counts previous sentences (--context-direction prev), "
                                  f"got --context-direction {direction}")
             if int(v) > largest:
-                raise ValueError(f"{name} {v} is larger than the context size "
+                raise InputError(f"{name} {v} is larger than the context size "
                                  f"({largest} previous sentences)")
         return int(sample or 0), (None if fixed is None else int(fixed))
 

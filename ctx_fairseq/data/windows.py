@@ -9,7 +9,7 @@ import numpy as np
 PARTIAL_NONE, PARTIAL_PREV, PARTIAL_NEXT = 0, 1, 2
 
 
-def _ranges(doc_start: np.ndarray, doc_end: np.ndarray, k: Optional[int], direction: str):
+def context_ranges(doc_start: np.ndarray, doc_end: np.ndarray, k: Optional[int], direction: str):
     """Per sentence the half-open index ranges of the previous and the next
     context sentences (empty ranges where there are none), within the doc."""
     n = len(doc_start)

@@ -235,7 +235,7 @@ class DocumentTranslationConfig(TranslationConfig):
 def _symbol_index(dictionary, symbol: str, which: str) -> int:
     idx = dictionary.index(symbol)
     if idx == dictionary.unk() and symbol != dictionary.unk_word:
-        raise ValueError(f"--context-separator {symbol!r} is not in the {which} dictionary; "
+        raise InputError(f"--context-separator {symbol!r} is not in the {which} dictionary; "
                          "use a symbol of the dictionary (default </s>)")
     return idx
 
@@ -246,10 +246,10 @@ def read_target_context_file(path: str, dictionary, expected: int) -> List[torch
         with open(path, encoding="utf-8-sig") as f:
             lines = [line.rstrip("\r\n") for line in f]
     except OSError as err:
-        raise ValueError(f"--target-context-file {path}: cannot read it ({err.strerror or err})") \
+        raise InputError(f"--target-context-file {path}: cannot read it ({err.strerror or err})") \
             from err
     if len(lines) != expected:
-        raise ValueError(f"--target-context-file {path}: {len(lines)} lines for {expected} "
+        raise InputError(f"--target-context-file {path}: {len(lines)} lines for {expected} "
                          "sentences; expected one hypothesis per sentence, in corpus order")
     return [dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long()
             for line in lines]
@@ -286,12 +286,7 @@ class DocumentTranslationTask(TranslationTask):
         self._own_state: Optional[OwnTargetContextState] = None
         #: the context layout of the models built (``set_context_layout``)
         self.context_layout: Dict[str, str] = normalise_context_layout(None)
-        try:
-            self._check_options()
-        except InputError:
-            raise
-        except ValueError as err:  # bad options: one line from a fairseq command (errors.py)
-            raise InputError(str(err)) from None
+        self._check_options()  # (bad options raise InputError: one line, errors.py)
 
     def _check_options(self) -> None:
         """The task's options, checked before any data is read."""
@@ -300,11 +295,11 @@ class DocumentTranslationTask(TranslationTask):
         for name in ("context_dropout", "coword_dropout"):
             p = float(getattr(cfg, name, 0.0) or 0.0)
             if not 0.0 <= p <= 1.0:
-                raise ValueError(f"--{name.replace('_', '-')} must be a probability in [0, 1], "
+                raise InputError(f"--{name.replace('_', '-')} must be a probability in [0, 1], "
                                  f"got {p}")
         if cfg.context_dropout > 0 and not (cfg.source_context_size > 0 or
                                             cfg.target_context_size > 0 or cfg.document_memory):
-            raise ValueError("--context-dropout without context (--source-context-size / "
+            raise InputError("--context-dropout without context (--source-context-size / "
                              "--target-context-size 0, no --document-memory): nothing to drop")
         if cfg.sample_context_size:  # checked here, before any data is read
             DocumentContextDataset._check_sizes(
@@ -314,20 +309,20 @@ class DocumentTranslationTask(TranslationTask):
     def _check_concat(self) -> None:
         c = self.cfg
         if c.concat_context_loss_weight != 1.0 and not c.concat_context:
-            raise ValueError("--concat-context-loss-weight goes with --concat-context")
+            raise InputError("--concat-context-loss-weight goes with --concat-context")
         if c.concat_context_loss_weight < 0:
-            raise ValueError("--concat-context-loss-weight must be >= 0")
+            raise InputError("--concat-context-loss-weight must be >= 0")
         if not c.concat_context:
             return
         if c.source_context_size <= 0 and c.target_context_size <= 0:
-            raise ValueError("--concat-context with --source-context-size 0 and "
+            raise InputError("--concat-context with --source-context-size 0 and "
                              "--target-context-size 0 would add no context")
         if c.context_direction != "prev" or c.document_context != "none" or c.document_memory:
-            raise ValueError("--concat-context takes previous sentences only (--context-direction "
+            raise InputError("--concat-context takes previous sentences only (--context-direction "
                              "prev, no --document-context / --document-memory)")
         if self.src_dict.index(c.concat_break) != self.tgt_dict.index(c.concat_break) and \
                 c.target_context_size > 0:
-            raise ValueError(f"--concat-break {c.concat_break!r} has different indices in the "
+            raise InputError(f"--concat-break {c.concat_break!r} has different indices in the "
                              "source and target dictionaries")
 
     @property
@@ -361,7 +356,7 @@ class DocumentTranslationTask(TranslationTask):
         if self.cfg.target_context_size > 0:
             tsep = _symbol_index(self.tgt_dict, self.cfg.context_separator, "target")
             if tsep != sep:
-                raise ValueError(f"--context-separator {self.cfg.context_separator!r} has "
+                raise InputError(f"--context-separator {self.cfg.context_separator!r} has "
                                  "different indices in the source and target dictionaries")
         return sep
 
@@ -401,37 +396,37 @@ class DocumentTranslationTask(TranslationTask):
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         tgt_file = self.cfg.target_context_file
         if tgt_file and (split != self.cfg.gen_subset or split == self.cfg.train_subset):
-            raise ValueError(
+            raise InputError(
                 f"--target-context-file {tgt_file} is for generation only (it applies to "
                 f"--gen-subset {self.cfg.gen_subset}), but split {split!r} is being loaded; "
                 "training and validation take target context from the references")
         if tgt_file and self.cfg.gold_target_context:
-            raise ValueError("--gold-target-context and --target-context-file both given; "
+            raise InputError("--gold-target-context and --target-context-file both given; "
                              "choose one source of target context")
         if tgt_file and self.cfg.target_context_size <= 0:
-            raise ValueError(f"--target-context-file {tgt_file} given, but "
+            raise InputError(f"--target-context-file {tgt_file} given, but "
                              "--target-context-size is 0: the file would not be used")
         generating = kwargs.get("task_cfg") is not None  # fairseq-generate
         if generating:  # the checkpoint's task
             self.check_context_options(kwargs["task_cfg"])
         if self.cfg.own_target_context:
             if not generating or split != self.cfg.gen_subset:
-                raise ValueError("--own-target-context is for fairseq-generate (the model's own "
+                raise InputError("--own-target-context is for fairseq-generate (the model's own "
                                  "translations as target context); training and validation take "
                                  "target context from the references")
             if self.cfg.target_context_size <= 0:
-                raise ValueError("--own-target-context given, but --target-context-size is 0")
+                raise InputError("--own-target-context given, but --target-context-size is 0")
             if tgt_file or self.cfg.gold_target_context:
-                raise ValueError("--own-target-context, --gold-target-context and "
+                raise InputError("--own-target-context, --gold-target-context and "
                                  "--target-context-file: choose one source of target context")
             if self.cfg.document_context == "offline" or (
                     self.cfg.document_context == "none" and self.cfg.context_direction != "prev"):
-                raise ValueError("--own-target-context: the model's own translations exist for "
+                raise InputError("--own-target-context: the model's own translations exist for "
                                  "previous sentences only (--context-direction prev or "
                                  "--document-context online); following sentences would get "
                                  "empty target context")
             if self.cfg.context_ablation != "none":
-                raise ValueError("--own-target-context with --context-ablation: the wrong "
+                raise InputError("--own-target-context with --context-ablation: the wrong "
                                  "context would come from documents not translated yet; "
                                  "translate once, then use --target-context-file with the "
                                  "ablation")
@@ -488,7 +483,7 @@ class DocumentTranslationTask(TranslationTask):
         if self.cfg.allow_context_change:
             logger.warning("context options differ from the checkpoint's: " + "; ".join(diff))
             return
-        raise ValueError("context options differ from those the checkpoint was trained with: "
+        raise InputError("context options differ from those the checkpoint was trained with: "
                          + "; ".join(diff) + ". Give the checkpoint's options (or "
                          "--allow-context-change for an experiment; --context-ablation for "
                          "wrong context on purpose)")
@@ -520,15 +515,15 @@ class DocumentTranslationTask(TranslationTask):
         c = self.cfg
         if self.uses_context and (c.document_context == "offline" or (
                 c.document_context == "none" and c.context_direction != "prev")):
-            raise ValueError(
+            raise InputError(
                 "fairseq-interactive reads a document line by line, so only context from "
                 "previous sentences can be built (--context-direction prev or --document-context "
                 "online); for following-sentence context translate the binarized document with "
                 "fairseq-generate --task document_translation")
         if constraints is not None:
-            raise ValueError("--constraints is not supported with --task document_translation")
+            raise InputError("--constraints is not supported with --task document_translation")
         if c.concat_context:
-            raise ValueError("fairseq-interactive with --concat-context is not supported yet: "
+            raise InputError("fairseq-interactive with --concat-context is not supported yet: "
                              "translate the binarized documents with fairseq-generate")
         if self._interactive is None:
             keep = None if c.document_context == "online" else max(c.source_context_size,
@@ -574,7 +569,7 @@ class DocumentTranslationTask(TranslationTask):
         check the source tokens, and use that ``net_input``."""
         st = self._interactive
         if st is None or not st.expected:
-            raise ValueError(
+            raise InputError(
                 "document_translation: a batch without its context inputs (no src_ctx_tokens / "
                 "tgt_ctx_tokens) reached the model, which would translate it without context; "
                 "build batches with the task's dataset (fairseq-generate / fairseq-interactive "
@@ -618,10 +613,10 @@ class DocumentTranslationTask(TranslationTask):
             raise ValueError("--concat-context: a batch without its concatenated context reached "
                              "the model; build batches with the task's dataset")
         if prefix_tokens is not None:
-            raise ValueError("--prefix-size is not supported with --concat-context (the target "
+            raise InputError("--prefix-size is not supported with --concat-context (the target "
                              "context is the prefix)")
         if "target_prefix" not in sample:
-            raise ValueError("--concat-context: generation needs the target context as a prefix "
+            raise InputError("--concat-context: generation needs the target context as a prefix "
                              "(target_prefix: the generation split's dataset)")
         if plen is None:  # (given when the batch was collated here, still on the CPU)
             plen = sample["target_prefix_len"].tolist()  # one read per batch
@@ -820,7 +815,7 @@ class DocumentTranslationTask(TranslationTask):
         criterion = super().build_criterion(cfg, from_checkpoint)
         if (self.cfg.concat_context_loss_weight != 1.0
                 and type(criterion).__name__ != "LabelSmoothedCrossEntropyCtxCriterion"):
-            raise ValueError("--concat-context-loss-weight needs --criterion "
+            raise InputError("--concat-context-loss-weight needs --criterion "
                              "label_smoothed_cross_entropy_ctx (other criteria would ignore it)")
         return criterion
 
@@ -851,13 +846,13 @@ class DocumentTranslationTask(TranslationTask):
         if (self.cfg.target_context_size > 0 and not self.cfg.gold_target_context
                 and not self.cfg.target_context_file and not self.cfg.own_target_context
                 and self.datasets):
-            raise ValueError("generation with --target-context-size > 0 needs the target "
+            raise InputError("generation with --target-context-size > 0 needs the target "
                              "context: --gold-target-context (references), "
                              "--target-context-file FILE (hypotheses of an earlier pass) or "
                              "--own-target-context (the model's own translations, in document "
                              "order)")
         if self.cfg.concat_context and getattr(args, "score_reference", False):
-            raise ValueError("--score-reference with --concat-context is not supported (fairseq's "
+            raise InputError("--score-reference with --concat-context is not supported (fairseq's "
                              "reference scorer knows nothing of the target context); score "
                              "references with ctx-score-contrastive or a validation pass")
         if self.cfg.concat_context:  # the break only ever comes from the forced prefix
@@ -880,9 +875,9 @@ class DocumentTranslationTask(TranslationTask):
         out: Dict[str, torch.Tensor] = {}
         for k, i in enumerate(line_ids):
             if not 0 <= i < len(ds):
-                raise ValueError(f"line {i} is outside {split} ({len(ds)} sentences)")
+                raise InputError(f"line {i} is outside {split} ({len(ds)} sentences)")
             if doc_ids is not None and ds.doc_names[ds.doc_index[i]] != str(doc_ids[k]):
-                raise ValueError(
+                raise InputError(
                     f"line {i} of {split} is in document {ds.doc_names[ds.doc_index[i]]!r} "
                     f"({ds.docids_path}), but the record says {doc_ids[k]!r}")
         if ds.document_memory:
