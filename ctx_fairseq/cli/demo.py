@@ -295,7 +295,7 @@ def _score(arch: str, ckpt: str, binned: str, jsonl: str, gen: str, out: str) ->
         ckpt, binned, jsonl, fmt="toy", gold_target_context=True)
     model, _task, _cfg = contrastive.load_checkpoint(ckpt, binned)
     result["params"] = sum(p.numel() for p in model.parameters())
-    result["cxmi"] = _cxmi(ckpt, binned, sentence_level=not contrastive._uses_context(_task))
+    result["cxmi"] = _cxmi(ckpt, binned, sentence_level=not contrastive.uses_context(_task))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out + ".partial", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)

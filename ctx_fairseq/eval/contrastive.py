@@ -117,7 +117,7 @@ def load_checkpoint(path: str, data: str, ablation: str = "none", cuda: bool = F
         overwrite_args_by_name(cfg, overrides)
     models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides=overrides, state=state)
-    if ablation != "none" and not _uses_context(task):
+    if ablation != "none" and not uses_context(task):
         raise ValueError(f"--context-ablation {ablation}: {path} uses no context (--source-"
                          "context-size 0, --target-context-size 0): no context to ablate")
     for k, v in overrides.items():  # never a silent mismatch
@@ -132,7 +132,7 @@ def load_checkpoint(path: str, data: str, ablation: str = "none", cuda: bool = F
     return model, task, _cfg
 
 
-def _uses_context(task) -> bool:
+def uses_context(task) -> bool:
     from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
 
     return isinstance(task, DocumentTranslationTask) and task.uses_context
@@ -152,7 +152,7 @@ class ContrastiveScorer:
         self.batch_size, self.max_tokens, self.split = batch_size, max_tokens, split
         self.gold_target_context = gold_target_context
         self.allow_partial_document = allow_partial_document
-        self.context = _uses_context(task)
+        self.context = uses_context(task)
         self._cache: Dict[Tuple[str, str], torch.Tensor] = {}
         self.notes: List[str] = []
 
@@ -381,7 +381,7 @@ def _group(outcomes: Sequence[str]) -> Dict:
             "accuracy": correct / n if n else None}
 
 
-def _distance_key(d: str):
+def distance_key(d: str):
     try:
         return (0, int(d), "")
     except ValueError:
@@ -404,12 +404,12 @@ def summarize(suite: Suite, scores: List[List[float]], tie_tolerance: float = 1e
               "by_distance_overall": {}}
     for cat, items in cats.items():
         result["by_phenomenon"][cat] = _group([o for _, o in items])
-        dists = sorted({d for d, _ in items if d is not None}, key=_distance_key)
+        dists = sorted({d for d, _ in items if d is not None}, key=distance_key)
         if dists:
             result["by_distance"][cat] = {d: _group([o for dd, o in items if dd == d])
                                           for d in dists}
     all_d = sorted({ex.distance for ex in suite.examples if ex.distance is not None},
-                   key=_distance_key)
+                   key=distance_key)
     for d in all_d:
         result["by_distance_overall"][d] = _group(
             [o for ex, o in zip(suite.examples, outcomes) if ex.distance == d])

@@ -115,10 +115,10 @@ class CXMIError(ValueError):
 def load(path: str, data: str, cuda: bool):
     """``(model, task, cfg)`` restored as the contrastive scorer restores them
     (:func:`ctx_fairseq.eval.contrastive.load_checkpoint`), checked."""
-    from ctx_fairseq.eval.contrastive import _uses_context, load_checkpoint
+    from ctx_fairseq.eval.contrastive import uses_context, load_checkpoint
 
     model, task, cfg = load_checkpoint(path, data, "none", cuda=cuda)
-    if not _uses_context(task):
+    if not uses_context(task):
         name = getattr(task.cfg, "_name", None) or type(task).__name__
         raise CXMIError(
             f"{path} is a sentence-level checkpoint (task {name}, no source or target "

@@ -94,7 +94,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import torch
 
-from ctx_fairseq.eval.contrastive import (ContrastiveScorer, _distance_key, load_checkpoint,
+from ctx_fairseq.eval.contrastive import (ContrastiveScorer, distance_key, load_checkpoint,
                                          write_report_files)
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Example, Suite, read_suite
 from ctx_fairseq.eval.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
@@ -176,12 +176,12 @@ def summarize(suite: Suite, hypotheses: Sequence[str], case_sensitive: bool = Fa
         cats.setdefault(ex.category, []).append((ex.distance, o))
     for cat, items in cats.items():
         result["by_phenomenon"][cat] = _group([o for _, o in items])
-        dists = sorted({d for d, _ in items if d is not None}, key=_distance_key)
+        dists = sorted({d for d, _ in items if d is not None}, key=distance_key)
         if dists:
             result["by_distance"][cat] = {d: _group([o for dd, o in items if dd == d])
                                           for d in dists}
     for d in sorted({ex.distance for ex in suite.examples if ex.distance is not None},
-                    key=_distance_key):
+                    key=distance_key):
         result["by_distance_overall"][d] = _group(
             [o for ex, o in zip(suite.examples, outcomes) if ex.distance == d])
     examples = []
