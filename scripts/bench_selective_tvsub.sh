@@ -9,13 +9,17 @@
 #   stage1/            a transformer of the study's shape after 2 updates (the
 #                      frozen memory's stage-1 model: speed only, not quality)
 #   selective.log, transformer.log
-#                      N (default 30) updates each of fairseq-train, stage 2 of
-#                      the old study (4,096-token batches, 1 thread, the same
-#                      dropouts), logged every 10 updates (wps: target tokens/s)
+#                      N (default 30) updates each of fairseq-train with the
+#                      stage-2 options of the recipe's --study (its shape, batch
+#                      size, learning rate, dropouts and CoWord dropout; 1 thread),
+#                      logged every 10 updates (wps: target tokens/s)
 #   episode.json       one training step on the batch with the largest document
 #                      memory (scripts/bench_train_step.py --pick largest-memory)
 #   summary.txt        target tokens/s of both over all logged intervals, the ratio
-# Run it alone: two torch jobs on 2 cores slow each other.
+# The shape and batch size are the study's (DIM=192 FFN=768 MAX_TOKENS=2048);
+# DIM=256 FFN=1024 MAX_TOKENS=4096 gives the shape of the first study
+# (2026-11-26); LENGTH_BUCKETS=1 selective's batches as one length group
+# (the default before --length-buckets). Run it alone: two torch jobs on 2 cores slow each other.
 set -euo pipefail
 DATA=${1:?usage: $0 DATA_BIN OUT_DIR}
 OUT=${2:?usage: $0 DATA_BIN OUT_DIR}
@@ -23,22 +27,26 @@ N=${N:-30}
 THREADS=${THREADS:-1}
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
-SHAPE=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256
-       --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
+DIM=${DIM:-192}
+FFN=${FFN:-768}
+MAX_TOKENS=${MAX_TOKENS:-2048}
+LENGTH_BUCKETS=${LENGTH_BUCKETS:-4}  # the recipe's; 1: the batch as one group
+SHAPE=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM"
+       --encoder-ffn-embed-dim "$FFN" --decoder-ffn-embed-dim "$FFN"
        --encoder-attention-heads 4 --decoder-attention-heads 4)
 TRAIN=(--user-dir ctx_fairseq --log-format simple --data-buffer-size 0 "${SHAPE[@]}"
        --dropout 0.2 --attention-dropout 0.1 --activation-dropout 0.1 --optimizer adam
-       --clip-norm 1.0 --label-smoothing 0.1 --seed 1 --num-workers 0 --max-tokens 4096
-       --lr 4e-4 --lr-scheduler fixed --task document_translation
+       --adam-betas "(0.9, 0.98)" --clip-norm 1.0 --label-smoothing 0.1 --seed 1 --num-workers 0
+       --max-tokens "$MAX_TOKENS" --lr 5e-4 --lr-scheduler fixed --task document_translation
        --criterion label_smoothed_cross_entropy_ctx --coword-dropout 0.1)
 SELECTIVE=(--arch transformer_selective_doc --document-context online --document-memory
-           --memory-precomputed --doc-attention hierarchical --sentence-attn sparsemax
+           --memory-precomputed --length-buckets "$LENGTH_BUCKETS" --doc-attention hierarchical --sentence-attn sparsemax
            --word-attn softmax --context-memory frozen
            --init-from-sentence-checkpoint "$OUT/stage1/checkpoint_last.pt")
 export OMP_NUM_THREADS=$THREADS
 if [ ! -f "$OUT/stage1/checkpoint_last.pt" ]; then
     fairseq-train "$DATA" --user-dir ctx_fairseq --save-dir "$OUT/stage1" --arch transformer \
-        "${SHAPE[@]}" --optimizer adam --lr 1e-4 --max-tokens 4096 --max-update 2 \
+        "${SHAPE[@]}" --optimizer adam --lr 1e-4 --max-tokens "$MAX_TOKENS" --max-update 2 \
         --num-workers 0 --criterion label_smoothed_cross_entropy --no-epoch-checkpoints \
         --disable-validation > "$OUT/stage1.log" 2>&1
 fi

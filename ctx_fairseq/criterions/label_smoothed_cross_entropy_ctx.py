@@ -21,6 +21,15 @@ computes, so loss and gradients are those of ``label_smoothed_cross_entropy``
 (tested bit for bit); models without the protocol (``transformer``,
 ``transformer_dc``) log exactly what ``label_smoothed_cross_entropy`` logs.
 
+Grouped logits (``--length-buckets``). A model with ``grouped_logits``
+(``transformer_selective_doc``) is asked, for the forward pass of this loss
+and not past it, to leave its logits grouped by length with its targets
+grouped alike through ``model.get_targets``, which is where fairseq's loss
+reads them: the same sum over the same target tokens, without writing a
+document batch's padded logits (tested against the ungrouped loss). Not
+with ``--ignore-prefix-size`` (which cuts a prefix off each row of the
+padded layout): there the logits are padded as usual.
+
 Logging output: ``ctxstat/NAME/sum`` and ``ctxstat/NAME/count`` (0-d float64
 tensors on the model's device, as fairseq's own ``loss`` entry: nothing is
 read back to the host between the forward and the backward pass;
@@ -144,6 +153,18 @@ class LabelSmoothedCrossEntropyCtxCriterion(LabelSmoothedCrossEntropyCriterion):
         return loss, nll_loss
 
     def forward(self, model, sample, reduce=True):
+        grouped = getattr(model, "grouped_logits", None)
+        if grouped is None or self.ignore_prefix_size > 0:
+            return self._forward(model, sample, reduce)
+        # --length-buckets: the loss reads the logits grouped by length, with
+        # the targets grouped alike (model.get_targets): no padded logits
+        grouped(True)
+        try:
+            return self._forward(model, sample, reduce)
+        finally:
+            grouped(False)
+
+    def _forward(self, model, sample, reduce=True):
         record = getattr(model, "record_context_statistics", None)
         if record is None:
             return super().forward(model, sample, reduce=reduce)

@@ -78,7 +78,7 @@ from ctx_fairseq.data.layouts import (  # noqa: F401
     ABLATIONS, CONTEXT_LAYOUTS, DIRECTIONS, DOCUMENT_CONTEXTS, MEMORY_LAYOUTS,
     merge_context_layouts, normalise_context_layout)
 from ctx_fairseq.data.memory_index import (  # noqa: F401
-    memory_by_length, query_groups, query_token_groups)
+    length_buckets, memory_by_length, query_groups, query_token_groups)
 from ctx_fairseq.data.windows import (  # noqa: F401
     PARTIAL_NEXT, PARTIAL_NONE, PARTIAL_PREV, context_ranges, longest_sentences,
     truncate_windows)
@@ -138,7 +138,7 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
                  document_memory: bool = False, memory_precomputed: bool = False,
                  context_layout=None, context_dropout: float = 0.0,
                  coword_dropout: float = 0.0, sample_context_size: int = 0,
-                 context_size: Optional[int] = None):
+                 context_size: Optional[int] = None, length_buckets: int = 1):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
@@ -176,6 +176,15 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         if self.document_memory and document_context == "none":
             raise ValueError("--document-memory needs --document-context online|offline (which "
                              "sentences of the document a sentence may see)")
+        if length_buckets is None or int(length_buckets) < 1:
+            raise ValueError(f"--length-buckets must be an integer >= 1, got {length_buckets!r}")
+        if int(length_buckets) > 1 and not self.document_memory:
+            raise ValueError("--length-buckets groups the sentences of a document-memory batch "
+                             "(--document-memory) by length; other batches are already "
+                             "sorted by length")
+        #: document-memory batches: the rows' length groups (collater, see
+        #: :func:`ctx_fairseq.data.memory_index.length_buckets`)
+        self.length_buckets = int(length_buckets)
         for name, v in (("--context-dropout", context_dropout),
                         ("--coword-dropout", coword_dropout)):
             if v is None or not 0.0 <= float(v) <= 1.0:
@@ -708,6 +717,20 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
                                         ni["src_tokens"].size(1), self.left_pad_source)
             ni["query_doc_tokens"] = torch.from_numpy(tokens)
             ni["query_doc_token_counts"] = (tokens < ni["src_tokens"].numel()).sum(1)  # numpy
+            if self.length_buckets > 1:
+                if self.context_layout["memory"] != "separate":
+                    raise ValueError(
+                        "--length-buckets: the model encodes its document memory together with "
+                        "the batch's sentences (a shared memory); length groups are for a "
+                        "memory encoded apart (transformer_selective_doc --context-memory "
+                        "frozen)")
+                prev = ni.get("prev_output_tokens")
+                tgt_lens = (prev.ne(self.tgt_dict.pad()).sum(1).numpy() if prev is not None
+                            else np.zeros(len(ids), dtype=np.int64))
+                ni.update(length_buckets(
+                    ni["src_lengths"].numpy(), tgt_lens, self.length_buckets,
+                    ni["src_tokens"].size(1), prev.size(1) if prev is not None else 1,
+                    self.pad_to_multiple))
         if "src" in self.windows and self.document_context != "none":
             offs = data_utils.collate_tokens([s["src_ctx_offsets"] for s in ordered], 0, 0,
                                              left_pad=self.left_pad_source, pad_to_length=1,

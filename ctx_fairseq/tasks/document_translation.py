@@ -197,6 +197,15 @@ class DocumentTranslationConfig(TranslationConfig):
     document_batching: bool = field(
         default=False, metadata={"help": "batches of whole documents (or chunks of documents "
                                          "that exceed --max-tokens); shards keep documents whole"})
+    length_buckets: int = field(
+        default=1, metadata={"help": "with --document-memory: the collater groups a batch's "
+                                     "sentences into at most N groups of similar length, and "
+                                     "transformer_selective_doc runs its sentence-level layers "
+                                     "per group, each padded to its own longest sentence (a "
+                                     "document batch is padded to its longest: on TVsub about "
+                                     "2.2 times the real tokens). The results are the same to "
+                                     "rounding; 4 is fastest on the CPU (docs/"
+                                     "transformer_selective_doc.md). 1: one group"})
     context_separator: str = field(
         default="</s>", metadata={"help": "symbol that ends each context sentence"})
     gold_target_context: bool = field(
@@ -301,6 +310,12 @@ class DocumentTranslationTask(TranslationTask):
                                             cfg.target_context_size > 0 or cfg.document_memory):
             raise InputError("--context-dropout without context (--source-context-size / "
                              "--target-context-size 0, no --document-memory): nothing to drop")
+        if int(cfg.length_buckets) < 1:
+            raise InputError(f"--length-buckets must be >= 1, got {cfg.length_buckets}")
+        if int(cfg.length_buckets) > 1 and not cfg.document_memory:
+            raise InputError("--length-buckets groups the sentences of document-memory batches "
+                             "(--document-memory) by length; other batches are sorted by length "
+                             "already")
         if cfg.sample_context_size:  # checked here, before any data is read
             DocumentContextDataset._check_sizes(
                 cfg.sample_context_size, None, cfg.source_context_size, cfg.target_context_size,
@@ -388,7 +403,7 @@ class DocumentTranslationTask(TranslationTask):
             context_dropout=c.context_dropout if training else 0.0,
             coword_dropout=c.coword_dropout if training else 0.0,
             sample_context_size=c.sample_context_size if training else 0,
-            context_size=context_size)
+            context_size=context_size, length_buckets=c.length_buckets)
         if c.concat_context:
             return ConcatContextDataset(inner, self._separator(), generation=generation)
         return inner

@@ -13,19 +13,22 @@ from ctx_fairseq.modules.selective_attention import WORD_CAPACITY, DocumentConte
 from ctx_fairseq.modules.sentence_cache import to_device
 
 
+#: ``--length-buckets``: the batch's rows in groups of similar length
+#: (:func:`ctx_fairseq.data.memory_index.length_buckets`)
+BUCKET_KEYS = ("query_bucket_rows", "query_bucket_restore", "query_bucket_shape")
 MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "mem_doc",
                "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
                "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask",
                "mem_doc_rows", "mem_doc_valid", "mem_state_index", "mem_extra_rows",
                "mem_src_key", "mem_tgt_key", "query_doc_groups", "mem_doc_rows_by_len",
                "mem_doc_len_order", "mem_doc_span_by_len", "query_doc_sizes", "query_doc_tokens",
-               "query_doc_token_counts")
+               "query_doc_token_counts") + BUCKET_KEYS
 #: follow the beam (one row per query sentence); every other key is per document
 QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
 #: index the batch's rows: dropped when the rows are reordered (the beam), after which
 #: the word level runs per query sentence
 ROW_INDEX_KEYS = ("query_doc_groups", "query_doc_sizes", "query_doc_tokens",
-                  "query_doc_token_counts")
+                  "query_doc_token_counts") + BUCKET_KEYS
 #: frozen memory: padded tokens per no-grad forward of the frozen model
 MEMORY_CHUNK_TOKENS = 8192
 #: frozen memory: default number of cache entries (``--memory-cache-sentences``)
@@ -188,3 +191,37 @@ class EvalMode:
 
     def __exit__(self, *exc):
         self.module.train(self.was)
+
+
+def length_groups(doc) -> Optional[List[Tuple[Tensor, int, int]]]:
+    """The batch's length groups (``--length-buckets``, the collater's
+    ``query_bucket_rows``/``query_bucket_shape``): ``(rows, source width,
+    target width)`` per group, or None when the batch has no groups or one
+    (the batch then runs as it is). The widths are host integers: no read
+    from the device."""
+    shape, rows = doc.get("query_bucket_shape"), doc.get("query_bucket_rows")
+    if shape is None or rows is None or len(shape) < 2:
+        return None
+    out, start = [], 0
+    for count, src_width, tgt_width in np.asarray(shape).tolist():
+        out.append((rows[start:start + count], int(src_width), int(tgt_width)))
+        start += count
+    return out
+
+
+def ungroup(parts: List[Tensor], batch_dim: int, widths: Dict[int, Tuple[int, bool]],
+            restore: Tensor) -> Tensor:
+    """Per-group tensors (:func:`length_groups`) back to one batch: each
+    padded with zeros along the dimensions ``widths`` (``dim: (full width,
+    left-padded)``) to the batch's width, concatenated along ``batch_dim``,
+    and put back in batch order (``restore``: the collater's
+    ``query_bucket_restore``)."""
+    padded = []
+    for p in parts:
+        spec = [0, 0] * p.dim()
+        for dim, (full, left) in widths.items():
+            extra = full - p.size(dim)
+            k = 2 * (p.dim() - 1 - dim)  # F.pad counts from the last dimension
+            spec[k + (0 if left else 1)] = extra
+        padded.append(torch.nn.functional.pad(p, spec) if any(spec) else p)
+    return torch.cat(padded, batch_dim).index_select(batch_dim, restore)

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ctx_fairseq.models._fairseq_utils import decode_static, plain_attention, wrap_layer
 from ctx_fairseq.models.transformer_selective_doc.common import (
+    BUCKET_KEYS,
     EvalMode,
     MEMORY_CHUNK_TOKENS,
     context_layer,
@@ -20,11 +21,13 @@ from ctx_fairseq.models.transformer_selective_doc.common import (
     detached,
     frozen_source,
     host_rows,
+    length_groups,
     query_layout,
     real_positions,
     real_words,
     row_chunks,
     sentence_level_weights,
+    ungroup,
 )
 from ctx_fairseq.modules.sentence_cache import (
     SentenceStateCache,
@@ -86,6 +89,9 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         #: the training statistics (``TransformerSelectiveDocModel.context_statistics``)
         self.record_statistics = False
         self.last_info: Optional[Dict[str, Tensor]] = None
+        #: length groups: the output layer's logits left grouped (the model's
+        #: ``grouped_logits``, for a loss that reads them through ``get_targets``)
+        self.grouped_logits = False
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         self._layers_built = getattr(self, "_layers_built", 0) + 1
@@ -245,6 +251,63 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         C = x.size(-1)
         return (keys.transpose(0, 1).reshape(-1, C).index_select(0, pos),
                 x.reshape(-1, C).index_select(0, pos))
+
+    def forward(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                features_only: bool = False, full_context_alignment: bool = False,
+                alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None,
+                src_lengths=None, return_all_hiddens: bool = False):
+        """fairseq's decoder forward; with the batch's length groups
+        (``--length-buckets``, a whole batch on the encoder side) it runs per
+        group, each cut to its own target and source widths, the output layer
+        included, and puts the outputs back in batch order (zeros at the
+        padding positions a group does not have, which the loss ignores). The
+        decoder's own context layer (decoder integration) reads all of a
+        document's queries at once, so there the batch runs whole.
+
+        With ``grouped_logits`` (set by the model's :meth:`grouped_logits`
+        for a loss that takes its targets from ``model.get_targets``) the
+        logits stay grouped, ``M x 1 x V`` (each group's ``rows x width``
+        positions, group after group): a document batch's padded logits are
+        about twice its real ones, and on the CPU writing them back in batch
+        order costs as much as the output layer. ``extra["length_groups"]``
+        then holds ``(rows, target width)`` per group, from which
+        ``get_targets`` groups the targets the same way."""
+        groups = None
+        if encoder_out is not None and incremental_state is None and self.context_layer is None:
+            groups = length_groups({k: encoder_out[k][0] for k in BUCKET_KEYS
+                                    if encoder_out.get(k)})
+        if groups is None:
+            return super().forward(prev_output_tokens, encoder_out, incremental_state,
+                                   features_only, full_context_alignment, alignment_layer,
+                                   alignment_heads, src_lengths, return_all_hiddens)
+        restore = encoder_out["query_bucket_restore"][0]
+        left_s = bool(self.args.left_pad_source)
+        left_t = bool(getattr(self.args, "left_pad_target", False))
+        states, mask = encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
+        S, T = states.size(0), prev_output_tokens.size(1)
+        outs = []
+        for rows, src_width, tgt_width in groups:
+            cut = cut_slice(S, src_width, left_s)
+            enc = {"encoder_out": [states.index_select(1, rows)[cut]],
+                   "encoder_padding_mask": [mask.index_select(0, rows)[:, cut]]}
+            prev = prev_output_tokens.index_select(0, rows)[:, cut_slice(T, tgt_width, left_t)]
+            outs.append(super().forward(prev, enc, None, features_only, full_context_alignment,
+                                        alignment_layer, alignment_heads, None,
+                                        return_all_hiddens))
+        extra: Dict[str, list] = {}
+        if self.grouped_logits and not features_only:
+            x = torch.cat([o[0].reshape(-1, o[0].size(-1)) for o in outs], 0).unsqueeze(1)
+            extra["length_groups"] = [(rows, tgt_width) for rows, _, tgt_width in groups]
+        else:
+            x = ungroup([o[0] for o in outs], 0, {1: (T, left_t)}, restore)
+        for key, batch_dim, widths in (("attn", 0, {1: (T, left_t), 2: (S, left_s)}),
+                                       ("inner_states", 1, {0: (T, left_t)})):
+            if key in outs[0][1]:
+                extra[key] = [None if parts[0] is None else ungroup(parts, batch_dim, widths,
+                                                                     restore)
+                              for parts in zip(*[o[1][key] for o in outs])]
+        return x, extra
 
     def extract_features(self, prev_output_tokens, encoder_out: Optional[Dict[str, List[Tensor]]],
                          incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,

@@ -22,12 +22,14 @@ from ctx_fairseq.models.transformer_selective_doc.common import (
     detached,
     frozen_source,
     host_rows,
+    length_groups,
     query_layout,
     real_positions,
     real_words,
     row_chunks,
     sentence_level_weights,
     state_index,
+    ungroup,
 )
 from ctx_fairseq.modules.sentence_cache import (
     SentenceStateCache,
@@ -180,6 +182,39 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         flat = states.reshape(-1, states.size(-1))
         return (flat.index_select(0, real_positions(n, states.size(1), left, flat.device)),)
 
+    def _forward_groups(self, src_tokens: Tensor, src_lengths: Tensor,
+                        groups: List[Tuple[Tensor, int, int]], restore: Tensor,
+                        return_all_hiddens: bool) -> Dict[str, List[Tensor]]:
+        """``--length-buckets``: fairseq's encoder run on each length group of
+        the batch (:func:`length_groups`), each cut to its own width, and its
+        outputs put back together, padded as the batch (zeros at the columns
+        a group does not have: padding, which every reader masks). A
+        sentence's states are those of the one-group forward, to rounding."""
+        left = bool(self.args.left_pad_source)
+        S = src_tokens.size(1)
+        outs = [TransformerEncoderBase.forward_scriptable(
+            self, src_tokens.index_select(0, rows)[:, cut_slice(S, width, left)],
+            src_lengths.index_select(0, rows), return_all_hiddens)
+            for rows, width, _ in groups]
+        time_major = {0: (S, left)}  # T x B x C
+
+        def join(key: str, i: int, batch_dim: int, widths) -> Optional[Tensor]:
+            parts = [o[key][i] for o in outs]
+            return None if parts[0] is None else ungroup(parts, batch_dim, widths, restore)
+
+        return {
+            "encoder_out": [join("encoder_out", 0, 1, time_major)],
+            "encoder_padding_mask": [src_tokens.eq(self.padding_idx)],
+            "encoder_embedding": [join("encoder_embedding", 0, 0, {1: (S, left)})],
+            "encoder_states": [join("encoder_states", i, 1, time_major)
+                               for i in range(len(outs[0]["encoder_states"]))],
+            "fc_results": [join("fc_results", i, 1, time_major)
+                           for i in range(len(outs[0]["fc_results"]))],
+            "src_tokens": [],
+            "src_lengths": [src_tokens.ne(self.padding_idx).sum(
+                dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()],
+        }
+
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
                 **doc):
@@ -188,10 +223,17 @@ class SelectiveDocEncoder(TransformerEncoderBase):
                              "--task document_translation --document-context online|offline "
                              "--document-memory")
         together = None
+        groups = length_groups(doc)
+        if groups is not None and self.args.context_memory != "frozen":
+            raise ValueError("--length-buckets: a shared memory is encoded together with the "
+                             "batch's sources; length groups need --context-memory frozen")
         if self.args.context_memory != "frozen" and doc["mem_src_tokens"].size(0) > 0 \
                 and token_embeddings is None and src_lengths is not None:
             out, together = self._encode_with_memory(src_tokens, src_lengths, doc,
                                                      return_all_hiddens)
+        elif groups is not None and token_embeddings is None and src_lengths is not None:
+            out = self._forward_groups(src_tokens, src_lengths, groups,
+                                       doc["query_bucket_restore"], return_all_hiddens)
         else:
             out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
                                           token_embeddings)

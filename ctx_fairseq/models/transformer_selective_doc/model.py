@@ -21,7 +21,7 @@ from ctx_fairseq.models._fairseq_utils import (
     tiny_shape,
     to_namespace,
 )
-from ctx_fairseq.models.transformer_selective_doc.common import MEMORY_CACHE_SENTENCES
+from ctx_fairseq.models.transformer_selective_doc.common import MEMORY_CACHE_SENTENCES, cut_slice
 from ctx_fairseq.models.transformer_selective_doc.decoder import SelectiveDocDecoder
 from ctx_fairseq.models.transformer_selective_doc.encoder import SelectiveDocEncoder
 from ctx_fairseq.modules.selective_attention import WORD_CAPACITY
@@ -177,6 +177,12 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
             if int(args.memory_cache_sentences) <= 0:
                 logger.warning("--memory-precomputed with --memory-cache-sentences 0: every "
                                "batch encodes its whole document memory (without gradients)")
+        if tcfg is not None and int(getattr(tcfg, "length_buckets", 1) or 1) > 1 and \
+                args.context_memory != "frozen":
+            raise ValueError(
+                "--length-buckets needs --context-memory frozen: a shared memory is encoded "
+                "together with the batch's sources in one call, which the length groups would "
+                "split. Use --context-memory frozen or drop --length-buckets")
         args.left_pad_source = bool(getattr(tcfg, "left_pad_source", True))
         args.left_pad_target = bool(getattr(tcfg, "left_pad_target", False))
         if args.context_integration == "decoder" and tcfg is not None and \
@@ -323,6 +329,27 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
         They are read from ``last_info``, which every forward pass sets (as
         before: :meth:`context_stats`)."""
         self._context_part().record_statistics = bool(enabled)
+
+    def grouped_logits(self, enabled: bool = True) -> None:
+        """``--length-buckets``: leave the decoder's logits grouped by length
+        (``M x 1 x V``, see :meth:`SelectiveDocDecoder.forward`) on or off; a
+        loss that reads its targets through :meth:`get_targets` gets them
+        grouped alike (``label_smoothed_cross_entropy_ctx`` turns it on for
+        its forward pass). Batches without groups are not affected."""
+        self.decoder.grouped_logits = bool(enabled)
+
+    def get_targets(self, sample, net_output):
+        """fairseq's targets; for grouped logits (:meth:`grouped_logits`)
+        grouped the same way, ``M x 1`` (a group's padding positions are
+        padding here too, which the loss ignores)."""
+        groups = net_output[1].get("length_groups") if len(net_output) > 1 else None
+        if not groups:
+            return super().get_targets(sample, net_output)
+        target = sample["target"]
+        left = bool(getattr(self.args, "left_pad_target", False))
+        T = target.size(1)
+        return torch.cat([target.index_select(0, rows)[:, cut_slice(T, width, left)].reshape(-1)
+                          for rows, width in groups], 0).unsqueeze(1)
 
     def context_statistics(self) -> Dict[str, Tensor]:
         """``[sum, count]`` of the last recorded forward pass (see the module
