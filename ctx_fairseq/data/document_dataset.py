@@ -138,8 +138,22 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
                  document_memory: bool = False, memory_precomputed: bool = False,
                  context_layout=None, context_dropout: float = 0.0,
                  coword_dropout: float = 0.0, sample_context_size: int = 0,
-                 context_size: Optional[int] = None, length_buckets: int = 1):
+                 context_size: Optional[int] = None, length_buckets: int = 1,
+                 isolate_sentences: bool = False):
         super().__init__()
+        #: what :meth:`with_condition` rebuilds the dataset from
+        self._init_args = dict(
+            src_context_size=src_context_size, tgt_context_size=tgt_context_size,
+            direction=direction, ablation=ablation, seed=seed,
+            document_context=document_context, document_batching=document_batching,
+            separator=separator, tgt_context=tgt_context,
+            max_src_context_tokens=max_src_context_tokens,
+            max_tgt_context_tokens=max_tgt_context_tokens, docids_path=docids_path,
+            document_memory=document_memory, memory_precomputed=memory_precomputed,
+            context_dropout=context_dropout, coword_dropout=coword_dropout,
+            sample_context_size=sample_context_size, context_size=context_size,
+            length_buckets=length_buckets, isolate_sentences=isolate_sentences)
+        self._doc_ids = doc_ids
         if direction not in DIRECTIONS:
             raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
         if ablation not in ABLATIONS:
@@ -219,6 +233,16 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         self.doc_names = [str(x) for x in arr[self.doc_start]]
         self.doc_index = np.cumsum(is_start).astype(np.int64) - 1  # per sentence
         self.sent_pos = np.arange(n, dtype=np.int64) - self.doc_start[self.doc_index]
+        #: every sentence alone in its document (the ``none`` condition of a
+        #: whole-document context or document memory: nothing of it is visible)
+        self.isolate_sentences = bool(isolate_sentences)
+        if self.isolate_sentences:
+            self.doc_names = [f"{self.doc_names[d]}, sentence {p}"
+                              for d, p in zip(self.doc_index.tolist(), self.sent_pos.tolist())]
+            self.doc_start = np.arange(n, dtype=np.int64)
+            self.doc_len = np.ones(n, dtype=np.int64)
+            self.doc_index = np.arange(n, dtype=np.int64)
+            self.sent_pos = np.zeros(n, dtype=np.int64)
         s_start = self.doc_start[self.doc_index]
         s_end = s_start + self.doc_len[self.doc_index]
 
@@ -240,6 +264,33 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         self.context_layout = normalise_context_layout(None)
         self.set_context_layout(context_layout)
         self.refresh_context_lengths()
+
+    def with_condition(self, condition) -> "DocumentContextDataset":
+        """This dataset (the same sentences, documents and options) under a
+        :class:`~ctx_fairseq.data.conditions.ContextCondition` (or its kind's
+        name): the one way every scorer gets the empty, a sized, a shuffled
+        or a random context. ``none`` cuts a bounded context to 0 sentences
+        and puts each sentence alone in its document for a whole-document
+        context or document memory; a size cuts a bounded context of
+        previous sentences (an error for the others)."""
+        from ctx_fairseq.data.conditions import ContextCondition
+
+        cond = condition if isinstance(condition, ContextCondition) else \
+            ContextCondition(str(condition))
+        args = dict(self._init_args)
+        args.update(cond.dataset_args(self.whole_document))
+        return DocumentContextDataset(self.base, self._doc_ids,
+                                      context_layout=self.context_layout, **args)
+
+    @property
+    def whole_document(self) -> bool:
+        """A whole-document context or document memory (no bounded size)."""
+        return self.document_memory or self.document_context != "none"
+
+    @property
+    def doc_ids(self) -> Sequence[str]:
+        """The document id of every sentence, as given (``{split}.docids``)."""
+        return self._doc_ids
 
     @staticmethod
     def _check_sizes(sample, fixed, src_k, tgt_k, direction, document_context, memory):

@@ -83,7 +83,6 @@ document). Word classes: :mod:`ctx_fairseq.eval.word_classes`.
 
 import argparse
 import collections
-import contextlib
 import json
 import logging
 import os
@@ -128,16 +127,6 @@ def load(path: str, data: str, cuda: bool):
     return model, task, cfg
 
 
-@contextlib.contextmanager
-def _ablation(task, value: str):
-    old = task.cfg.context_ablation
-    task.cfg.context_ablation = value
-    try:
-        yield
-    finally:
-        task.cfg.context_ablation = old
-
-
 def _memory(task) -> bool:
     return bool(getattr(task.cfg, "document_memory", False))
 
@@ -155,40 +144,32 @@ def trained_context_size(task) -> Optional[int]:
 
 
 def condition_dataset(task, split: str, condition: str, context_size: Optional[int] = None):
-    """The split's dataset as the task builds it, with the true context
+    """The split's dataset under a context condition, from the task's one
+    condition API (``task.condition_dataset``,
+    :class:`~ctx_fairseq.data.conditions.ContextCondition`): the true context
     (``true``; with ``context_size`` N: each sentence's N nearest previous
     context sentences), an ablation (``shuffled``, ``random``, cut to N
     likewise), or the empty context (``none``: a bounded context cut to 0
-    sentences; a document memory: one document per sentence, so no memory
-    sentence is visible)."""
+    sentences; a document memory or whole-document context: each sentence
+    alone in its document, so nothing of it is visible)."""
     if condition not in ("true",) + CONDITIONS:
         raise ValueError(f"unknown condition {condition!r}; expected one of {CONDITIONS}")
+    from ctx_fairseq.data.conditions import ContextCondition
     from ctx_fairseq.data.docids import DocumentIdError
 
-    with _ablation(task, "none" if condition in ("true", "none") else condition):
-        try:
-            task.load_dataset(split)
-        except DocumentIdError as err:
-            raise CXMIError(f"split {split!r}: {err}. CXMI needs documents (the true context "
-                            "comes from them)") from None
-        except FileNotFoundError as err:
-            raise CXMIError(f"split {split!r}: {err}") from None
-        ds = task.datasets[split]
-        ids = [str(x) for x in np.asarray(ds.doc_names)[ds.doc_index]]
-        if _memory(task) or getattr(task.cfg, "document_context", "none") != "none":
-            if context_size is not None:
-                raise CXMIError("--context-size: a document memory or whole-document context "
-                                "has no bounded context size to set (score it without "
-                                "--context-size: true against none)")
-            if condition != "none":
-                return ds
-            ids = [f"{d}#{i}" for i, d in enumerate(ids)]
-            return task.wrap(ds.base, ids, f"{ds.docids_path} (none: each sentence its own "
-                                           "document)")
-        size = 0 if condition == "none" else context_size
-        if size is None:
-            return ds
-        return task.wrap(ds.base, ids, ds.docids_path, context_size=size)
+    if context_size is not None and (
+            _memory(task) or getattr(task.cfg, "document_context", "none") != "none"):
+        raise CXMIError("--context-size: a document memory or whole-document context "
+                        "has no bounded context size to set (score it without "
+                        "--context-size: true against none)")
+    size = None if condition == "none" else context_size
+    try:
+        return task.condition_dataset(split, ContextCondition(condition, size))
+    except DocumentIdError as err:
+        raise CXMIError(f"split {split!r}: {err}. CXMI needs documents (the true context "
+                        "comes from them)") from None
+    except FileNotFoundError as err:
+        raise CXMIError(f"split {split!r}: {err}") from None
 
 
 def _has_context(ds) -> np.ndarray:

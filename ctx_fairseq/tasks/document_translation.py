@@ -126,6 +126,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
+from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.concat_dataset import ConcatContextDataset, concat_limits, strip_prefix
 from ctx_fairseq.data.document_dataset import (
     ABLATIONS,
@@ -377,15 +378,21 @@ class DocumentTranslationTask(TranslationTask):
 
     def wrap(self, base, doc_ids: Sequence[str], docids_path: str,
              tgt_context: Optional[Sequence] = None, generation: bool = False,
-             training: bool = False, context_size: Optional[int] = None):
+             training: bool = False, condition: Optional[ContextCondition] = None):
         """The split's dataset with context: a ``DocumentContextDataset``, or
         with ``--concat-context`` a ``ConcatContextDataset`` over one
         (``generation``: targets without their context, which becomes the
         decoder's prefix; ``training``: the split fairseq-train trains on,
         the only one with ``--context-dropout`` / ``--coword-dropout`` /
-        ``--sample-context-size``; ``context_size``: every sentence keeps its
-        ``context_size`` nearest previous context sentences, 0 none)."""
+        ``--sample-context-size``; ``condition``: the context a scorer asks
+        for, :class:`~ctx_fairseq.data.conditions.ContextCondition`, in place
+        of ``--context-ablation``; see :meth:`condition_dataset`)."""
         c = self.cfg
+        whole = bool(c.document_memory) or c.document_context != "none"
+        given = {"ablation": c.context_ablation, "context_size": None,
+                 "isolate_sentences": False}
+        if condition is not None:
+            given = condition.dataset_args(whole)
         limits = {"src": c.max_source_positions, "tgt": c.max_target_positions}
         if c.concat_context:
             limits = concat_limits(base, c.max_source_positions, c.max_target_positions,
@@ -393,7 +400,7 @@ class DocumentTranslationTask(TranslationTask):
         inner = DocumentContextDataset(
             base, doc_ids, src_context_size=c.source_context_size,
             tgt_context_size=c.target_context_size, direction=c.context_direction,
-            ablation=c.context_ablation, seed=c.seed, document_context=c.document_context,
+            ablation=given["ablation"], seed=c.seed, document_context=c.document_context,
             document_batching=c.document_batching or (generation and c.own_target_context),
             separator=self._separator(), tgt_context=tgt_context,
             max_src_context_tokens=limits["src"], max_tgt_context_tokens=limits["tgt"],
@@ -403,10 +410,23 @@ class DocumentTranslationTask(TranslationTask):
             context_dropout=c.context_dropout if training else 0.0,
             coword_dropout=c.coword_dropout if training else 0.0,
             sample_context_size=c.sample_context_size if training else 0,
-            context_size=context_size, length_buckets=c.length_buckets)
+            context_size=given["context_size"], length_buckets=c.length_buckets,
+            isolate_sentences=given["isolate_sentences"])
         if c.concat_context:
             return ConcatContextDataset(inner, self._separator(), generation=generation)
         return inner
+
+    def condition_dataset(self, split: str, condition: ContextCondition):
+        """Split ``split`` (loaded if it is not) under a context condition:
+        ``true``, ``none``, a size N, ``shuffled`` or ``random``
+        (:mod:`ctx_fairseq.data.conditions`), built as scoring builds a split
+        (no dropout, targets with their context, target context from the
+        references). The one way ctx-cxmi (and any scorer) gets a condition:
+        the task's options are left as they are."""
+        if split not in self.datasets:
+            self.load_dataset(split)
+        ds = getattr(self.datasets[split], "inner", self.datasets[split])
+        return self.wrap(ds.base, ds.doc_ids, ds.docids_path, condition=condition)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         tgt_file = self.cfg.target_context_file
@@ -880,29 +900,26 @@ class DocumentTranslationTask(TranslationTask):
     # ------------------------------------------------------------- contrastive
     def context_net_input(self, split: str, line_ids: Sequence[int],
                           doc_ids: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
-        """The context inputs of corpus lines ``line_ids`` of ``split`` (one
-        row each, padded as in training), for scoring given sentences (e.g.
-        contrastive pairs) with their documents' true context. ``doc_ids``,
-        when given, are checked against ``{split}.docids``."""
+        """The context inputs of corpus lines ``line_ids`` of ``split`` with
+        their documents' true context, for scoring given sentences (e.g. a
+        sentence analysed alone): the dataset's own collater on those lines,
+        every ``net_input`` key but the sentences' own tokens
+        (``src_tokens``, ``src_lengths``, ``prev_output_tokens``). One line
+        per call: fairseq's collater orders a batch by length, so the rows
+        of several lines would not follow ``line_ids``. ``doc_ids``, when
+        given, are checked against ``{split}.docids``."""
+        if len(line_ids) != 1:
+            raise ValueError(f"context_net_input takes one line per call, got {len(line_ids)}")
         if split not in self.datasets:
             self.load_dataset(split)
         ds = self.datasets[split]
-        out: Dict[str, torch.Tensor] = {}
-        for k, i in enumerate(line_ids):
-            if not 0 <= i < len(ds):
-                raise InputError(f"line {i} is outside {split} ({len(ds)} sentences)")
-            if doc_ids is not None and ds.doc_names[ds.doc_index[i]] != str(doc_ids[k]):
-                raise InputError(
-                    f"line {i} of {split} is in document {ds.doc_names[ds.doc_index[i]]!r} "
-                    f"({ds.docids_path}), but the record says {doc_ids[k]!r}")
-        if ds.document_memory:
-            return ds.collate_memory(np.asarray(line_ids, dtype=np.int64))
-        for side in ("src", "tgt"):
-            if side in ds.windows:
-                out.update(ds.collate_context([ds.context_tokens(i, side) for i in line_ids],
-                                              side))
-        if "src" in ds.windows and ds.document_context != "none":
-            out["src_ctx_sent_offsets"] = data_utils.collate_tokens(
-                [ds.context_sent_offsets(i, "src") for i in line_ids], 0, 0,
-                left_pad=ds.left_pad_source, pad_to_length=1)
-        return out
+        i = int(line_ids[0])
+        if not 0 <= i < len(ds):
+            raise InputError(f"line {i} is outside {split} ({len(ds)} sentences)")
+        if doc_ids is not None and ds.doc_names[ds.doc_index[i]] != str(doc_ids[0]):
+            raise InputError(
+                f"line {i} of {split} is in document {ds.doc_names[ds.doc_index[i]]!r} "
+                f"({ds.docids_path}), but the record says {doc_ids[0]!r}")
+        ni = ds.collater([ds[i]])["net_input"]
+        return {k: v for k, v in ni.items()
+                if k not in ("src_tokens", "src_lengths", "prev_output_tokens")}
