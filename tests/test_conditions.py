@@ -1,0 +1,83 @@
+"""The one context-condition API (issue 26): ``ContextCondition``,
+``DocumentContextDataset.with_condition`` and ``task.condition_dataset``.
+A condition gives the same batches as the dataset built directly with the
+matching options, ``none`` of a document memory isolates every sentence,
+sizes are refused where there is no bounded context, and the task's options
+are never changed."""
+
+import numpy as np
+import pytest
+
+from ctx_fairseq.data.conditions import ContextCondition
+from ctx_fairseq.errors import InputError
+from test_document_task import setup_task, synthetic
+
+
+def _equal_batches(a, b, rows):
+    ba, bb = a.collater([a[i] for i in rows]), b.collater([b[i] for i in rows])
+    ka, kb = ba["net_input"], bb["net_input"]
+    assert set(ka) == set(kb)
+    for k in ka:
+        va, vb = ka[k], kb[k]
+        assert np.array_equal(np.asarray(va), np.asarray(vb)), k
+
+
+def test_condition_values_are_checked():
+    assert str(ContextCondition("true", 2)) == "true@2"
+    assert ContextCondition("shuffled").ablation == "shuffled"
+    assert ContextCondition("none").ablation == "none"
+    with pytest.raises(InputError, match="unknown context condition 'empty'"):
+        ContextCondition("empty")
+    with pytest.raises(InputError, match="takes no size"):
+        ContextCondition("none", 0)
+    with pytest.raises(InputError, match="integer >= 0"):
+        ContextCondition("true", -1)
+
+
+@pytest.mark.parametrize("kind,size,direct", [
+    ("true", None, {}),
+    ("true", 1, {"context_size": 1}),
+    ("none", None, {"context_size": 0}),
+    ("shuffled", None, {"ablation": "shuffled"}),
+    ("random", 1, {"ablation": "random", "context_size": 1}),
+])
+def test_a_bounded_context_condition_is_the_dataset_with_those_options(kind, size, direct):
+    ds, _, _ = synthetic([4, 5, 3], src_context_size=2, tgt_context_size=1, seed=3)
+    want, _, _ = synthetic([4, 5, 3], src_context_size=2, tgt_context_size=1, seed=3, **direct)
+    got = ds.with_condition(ContextCondition(kind, size))
+    _equal_batches(got, want, [0, 2, 5, 8, 11])
+    assert ds.ablation == "none" and ds.context_size is None  # the original is unchanged
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_none_of_a_document_memory_isolates_every_sentence(mode):
+    ds, _, _ = synthetic([4, 5], document_context=mode, document_memory=True)
+    none = ds.with_condition("none")
+    assert none.isolate_sentences and len(none.doc_start) == len(ds)
+    assert none.doc_names[6] == "doc1, sentence 2"
+    batch = none.collater([none[i] for i in range(len(none))])
+    # nothing of its document is visible to a query: online no memory sentence
+    # at all; offline each document's memory is the query itself, which the
+    # context layer never shows to itself (same position)
+    ni = batch["net_input"]
+    if mode == "online":
+        assert int(ni["mem_doc_valid"].sum()) == 0
+    else:
+        assert int(ni["mem_doc_valid"].sum()) == len(ds)
+        assert ni["mem_doc_valid"].sum(1).max() == 1
+        assert int(ni["mem_pos"].abs().sum()) == 0 and int(ni["query_pos"].abs().sum()) == 0
+    true = ds.with_condition("true")
+    _equal_batches(true, ds, [0, 1, 2, 3])
+    with pytest.raises(InputError, match="no bounded context size"):
+        ds.with_condition(ContextCondition("true", 1))
+
+
+def test_the_task_builds_conditions_without_changing_its_options(toy_bin):
+    task = setup_task(toy_bin, "--source-context-size", "1")
+    before = dict(task.cfg)
+    for kind in ("true", "none", "shuffled", "random"):
+        ds = task.condition_dataset("valid", ContextCondition(kind))
+        assert ds.ablation == ContextCondition(kind).ablation
+        assert ds.context_size == (0 if kind == "none" else None)
+    assert dict(task.cfg) == before
+    assert task.datasets["valid"].ablation == "none"
