@@ -80,8 +80,8 @@ from ctx_fairseq.data.layouts import (  # noqa: F401
 from ctx_fairseq.data.memory_index import (  # noqa: F401
     length_buckets, memory_by_length, query_groups, query_token_groups)
 from ctx_fairseq.data.windows import (  # noqa: F401
-    PARTIAL_NEXT, PARTIAL_NONE, PARTIAL_PREV, context_ranges, longest_sentences,
-    truncate_windows)
+    PARTIAL_NEXT, PARTIAL_NONE, PARTIAL_PREV, check_context_sizes, context_ranges,
+    longest_sentences, truncate_windows)
 from ctx_fairseq.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         self.context_dropout, self.coword_dropout = float(context_dropout), float(coword_dropout)
         #: sampled context size K (training only) and a fixed context size N (scoring):
         #: see :meth:`context_cap`
-        self.sample_context_size, self.context_size = self._check_sizes(
+        self.sample_context_size, self.context_size = check_context_sizes(
             sample_context_size, context_size, src_context_size, tgt_context_size, direction,
             document_context, document_memory)
         self.document_batching = bool(document_batching) or document_context != "none"
@@ -291,34 +291,6 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
     def doc_ids(self) -> Sequence[str]:
         """The document id of every sentence, as given (``{split}.docids``)."""
         return self._doc_ids
-
-    @staticmethod
-    def _check_sizes(sample, fixed, src_k, tgt_k, direction, document_context, memory):
-        """``(K, N)`` checked: both need a bounded per-sentence context of
-        previous sentences (a document memory has none to cut)."""
-        largest = max(int(src_k), int(tgt_k))
-        for name, v in (("--sample-context-size", sample), ("--context-size", fixed)):
-            if v is None or (name == "--sample-context-size" and not v):
-                continue
-            if isinstance(v, bool) or int(v) != v or int(v) < 0:
-                raise InputError(f"{name} must be an integer >= 0, got {v!r}")
-            if memory or document_context != "none":
-                raise InputError(
-                    f"{name} cuts a bounded context of previous sentences (--source-context-size"
-                    f" / --target-context-size); a whole-document context or document memory "
-                    f"(--document-context {document_context}) has no such size "
-                    "(docs/document_translation.md, 'Sampled context size')")
-            if largest == 0:
-                raise InputError(f"{name} {v} on a sentence-level setting (--source-context-size"
-                                 " and --target-context-size 0): there is no context to size")
-            if direction != "prev" and not (name == "--context-size" and int(v) == 0):
-                # (size 0, the empty context, needs no direction: CXMI's "none")
-                raise InputError(f"{name} counts previous sentences (--context-direction prev), "
-                                 f"got --context-direction {direction}")
-            if int(v) > largest:
-                raise InputError(f"{name} {v} is larger than the context size "
-                                 f"({largest} previous sentences)")
-        return int(sample or 0), (None if fixed is None else int(fixed))
 
     def context_cap(self, index: int) -> Optional[int]:
         """How many previous context sentences sentence ``index`` keeps (the

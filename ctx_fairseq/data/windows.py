@@ -6,6 +6,8 @@ from typing import Optional
 
 import numpy as np
 
+from ctx_fairseq.errors import InputError
+
 PARTIAL_NONE, PARTIAL_PREV, PARTIAL_NEXT = 0, 1, 2
 
 
@@ -105,3 +107,33 @@ def longest_sentences(unit: np.ndarray, window, partial: np.ndarray, length: np.
                 break
             out = np.where(ok, np.maximum(out, unit[np.where(ok, j, 0)]), out)
     return np.where(np.asarray(partial) != PARTIAL_NONE, np.asarray(length, dtype=np.int64), out)
+
+
+def check_context_sizes(sample, fixed, src_k, tgt_k, direction: str, document_context: str,
+                        memory: bool):
+    """``--sample-context-size`` K and a scorer's ``--context-size`` N,
+    checked (InputError): ``(K, N)``. Both need a bounded per-sentence context of
+    previous sentences (a document memory has none to cut)."""
+    largest = max(int(src_k), int(tgt_k))
+    for name, v in (("--sample-context-size", sample), ("--context-size", fixed)):
+        if v is None or (name == "--sample-context-size" and not v):
+            continue
+        if isinstance(v, bool) or int(v) != v or int(v) < 0:
+            raise InputError(f"{name} must be an integer >= 0, got {v!r}")
+        if memory or document_context != "none":
+            raise InputError(
+                f"{name} cuts a bounded context of previous sentences (--source-context-size"
+                f" / --target-context-size); a whole-document context or document memory "
+                f"(--document-context {document_context}) has no such size "
+                "(docs/document_translation.md, 'Sampled context size')")
+        if largest == 0:
+            raise InputError(f"{name} {v} on a sentence-level setting (--source-context-size"
+                             " and --target-context-size 0): there is no context to size")
+        if direction != "prev" and not (name == "--context-size" and int(v) == 0):
+            # (size 0, the empty context, needs no direction: CXMI's "none")
+            raise InputError(f"{name} counts previous sentences (--context-direction prev), "
+                             f"got --context-direction {direction}")
+        if int(v) > largest:
+            raise InputError(f"{name} {v} is larger than the context size "
+                             f"({largest} previous sentences)")
+    return int(sample or 0), (None if fixed is None else int(fixed))

@@ -42,8 +42,6 @@ __all__ = ["load_document_model", "contrastive_with_context", "bleu_true_vs_shuf
            "context_attention_stats", "cli_main"]
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONTEXT_OPTIONS = ("source_context_size", "target_context_size", "context_direction",
-                   "document_context", "context_separator")
 
 
 def load_document_model(ckpt: str, data: str, ablation: str = "none", cpu: bool = True,
@@ -95,18 +93,14 @@ def contrastive_with_context(ckpt: str, data: str, jsonl: str, ablation: str = "
 
 
 def _checkpoint_context_args(ckpt: str) -> List[str]:
+    """The checkpoint's context options on the command line (the task's
+    declared list, :func:`ctx_fairseq.tasks.context_options.context_option_args`)."""
     from fairseq import checkpoint_utils
 
+    from ctx_fairseq.tasks.context_options import context_option_args
+
     state = checkpoint_utils.load_checkpoint_to_cpu(ckpt)
-    task_cfg = state["cfg"]["task"] if state.get("cfg") is not None else None
-    args = []
-    if task_cfg is None:
-        return args
-    for name in CONTEXT_OPTIONS:
-        value = task_cfg.get(name, None) if hasattr(task_cfg, "get") else getattr(task_cfg, name, None)
-        if value is not None:
-            args += ["--" + name.replace("_", "-"), str(value)]
-    return args
+    return context_option_args(state["cfg"]["task"] if state.get("cfg") is not None else None)
 
 
 def generate(ckpt: str, data: str, split: str = "test", ablation: str = "none",

@@ -139,6 +139,7 @@ from ctx_fairseq.data.document_dataset import (
     read_docids,
 )
 from ctx_fairseq.errors import InputError
+from ctx_fairseq.tasks.context_options import CONTEXT_OPTIONS, validate_context_options
 from ctx_fairseq.tasks.generation import (
     ForcedPrefixes,
     OwnTargetContextState,
@@ -299,45 +300,13 @@ class DocumentTranslationTask(TranslationTask):
         self._check_options()  # (bad options raise InputError: one line, errors.py)
 
     def _check_options(self) -> None:
-        """The task's options, checked before any data is read."""
-        cfg = self.cfg
-        self._check_concat()
-        for name in ("context_dropout", "coword_dropout"):
-            p = float(getattr(cfg, name, 0.0) or 0.0)
-            if not 0.0 <= p <= 1.0:
-                raise InputError(f"--{name.replace('_', '-')} must be a probability in [0, 1], "
-                                 f"got {p}")
-        if cfg.context_dropout > 0 and not (cfg.source_context_size > 0 or
-                                            cfg.target_context_size > 0 or cfg.document_memory):
-            raise InputError("--context-dropout without context (--source-context-size / "
-                             "--target-context-size 0, no --document-memory): nothing to drop")
-        if int(cfg.length_buckets) < 1:
-            raise InputError(f"--length-buckets must be >= 1, got {cfg.length_buckets}")
-        if int(cfg.length_buckets) > 1 and not cfg.document_memory:
-            raise InputError("--length-buckets groups the sentences of document-memory batches "
-                             "(--document-memory) by length; other batches are sorted by length "
-                             "already")
-        if cfg.sample_context_size:  # checked here, before any data is read
-            DocumentContextDataset._check_sizes(
-                cfg.sample_context_size, None, cfg.source_context_size, cfg.target_context_size,
-                cfg.context_direction, cfg.document_context, cfg.document_memory)
-
-    def _check_concat(self) -> None:
+        """The task's options, checked before any data is read: the declared
+        checks (:func:`~ctx_fairseq.tasks.context_options.validate_context_options`)
+        and ``--concat-break``'s index in both dictionaries."""
         c = self.cfg
-        if c.concat_context_loss_weight != 1.0 and not c.concat_context:
-            raise InputError("--concat-context-loss-weight goes with --concat-context")
-        if c.concat_context_loss_weight < 0:
-            raise InputError("--concat-context-loss-weight must be >= 0")
-        if not c.concat_context:
-            return
-        if c.source_context_size <= 0 and c.target_context_size <= 0:
-            raise InputError("--concat-context with --source-context-size 0 and "
-                             "--target-context-size 0 would add no context")
-        if c.context_direction != "prev" or c.document_context != "none" or c.document_memory:
-            raise InputError("--concat-context takes previous sentences only (--context-direction "
-                             "prev, no --document-context / --document-memory)")
-        if self.src_dict.index(c.concat_break) != self.tgt_dict.index(c.concat_break) and \
-                c.target_context_size > 0:
+        validate_context_options(c)
+        if c.concat_context and c.target_context_size > 0 and \
+                self.src_dict.index(c.concat_break) != self.tgt_dict.index(c.concat_break):
             raise InputError(f"--concat-break {c.concat_break!r} has different indices in the "
                              "source and target dictionaries")
 
@@ -496,9 +465,7 @@ class DocumentTranslationTask(TranslationTask):
         self._log_truncation(split, ds)
 
     #: options that change what a model sees, compared with the checkpoint's
-    CONTEXT_OPTIONS = ("source_context_size", "target_context_size", "context_direction",
-                       "document_context", "document_memory", "context_separator",
-                       "concat_context", "concat_break")
+    CONTEXT_OPTIONS = CONTEXT_OPTIONS
 
     def check_context_options(self, trained) -> None:
         """A model is translated with the context it was trained with: options
