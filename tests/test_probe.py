@@ -221,7 +221,7 @@ def test_cli_generate(toy_corpus, tmp_path, capsys):
     opts = ["--text", text, "--min-words", "4", "--min-per-class", "20",
             "--sizes", "600,200,200"]
     # WC with Conneau's ranks cannot be built: an error and nothing written
-    with pytest.raises(SystemExit, match="ctx-probe generate: WC cannot be built.*nothing "
+    with pytest.raises(SystemExit, match="ctx-probe generate: error: WC cannot be built.*nothing "
                                          "written"):
         probe.cli_main(["generate", *opts, "--out-dir", str(out)])
     assert not out.exists()
@@ -397,7 +397,7 @@ def test_cli_run_end_to_end(toy_corpus, toy_bin, sentence_ckpt, tmp_path, capsys
 def test_cli_run_errors(toy_bin, sentence_ckpt, tmp_path):
     bad = write(tmp_path / "bad.txt", GOOD[:2] + ["xx\tA\tsome words"] + GOOD[3:])
     base = ["run", "--data", toy_bin, "--out-dir", str(tmp_path / "o")]
-    with pytest.raises(SystemExit, match=r"ctx-probe run: .*bad\.txt:3: unknown split tag"):
+    with pytest.raises(SystemExit, match=r"ctx-probe run: error: .*bad\.txt:3: unknown split tag"):
         probe.cli_main(base + ["--path", sentence_ckpt, "--task-file", bad])
     good = write(tmp_path / "good.txt", GOOD)
     with pytest.raises(SystemExit, match="no such checkpoint"):

@@ -833,6 +833,13 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
                 parse_spec(s)
         except ValueError as err:
             parser.error(str(err))
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import ctx_fairseq  # noqa: F401  (registers the plugin's architectures)
+
+    for s in [a.baseline] + specs:  # before any model is built or timed
+        if parse_spec(s)[0] not in ARCH_MODEL_REGISTRY:
+            parser.error(f"--archs: unknown architecture {parse_spec(s)[0]!r}")
     # The baseline comes first; naming it in --archs adds a second copy of it,
     # which measures the baseline against itself (run-to-run noise).
     specs = [a.baseline] + specs

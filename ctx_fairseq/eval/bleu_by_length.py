@@ -144,10 +144,10 @@ def write_outputs(result: Dict, out_dir: str, prefix: str = "bleu_by_length") ->
 def _parse_system(spec: str) -> Tuple[str, str]:
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
-        raise SystemExit(f"ctx-bleu-by-length: --system {spec!r}: expected NAME=FILE "
+        raise SystemExit(f"ctx-bleu-by-length: error: --system {spec!r}: expected NAME=FILE "
                          f"(a label and a fairseq-generate output file)")
     if not os.path.exists(path):
-        raise SystemExit(f"ctx-bleu-by-length: --system {spec!r}: no such file {path!r}")
+        raise SystemExit(f"ctx-bleu-by-length: error: --system {spec!r}: no such file {path!r}")
     return name, path
 
 
@@ -171,7 +171,7 @@ def cli_main(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
     for spec in args.system:
         name, path = _parse_system(spec)
         if name in systems:
-            raise SystemExit(f"ctx-bleu-by-length: --system {name} given twice; "
+            raise SystemExit(f"ctx-bleu-by-length: error: --system {name} given twice; "
                              f"expected unique labels")
         systems[name] = path
     result = bleu_by_length(systems, args.tokenize)

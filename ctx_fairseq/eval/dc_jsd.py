@@ -258,12 +258,12 @@ def get_parser() -> argparse.ArgumentParser:
 def cli_main(argv: Optional[List[str]] = None) -> Dict[str, str]:
     args = get_parser().parse_args(argv)
     if args.label is not None and len(args.label) != len(args.path):
-        raise SystemExit(f"ctx-dc-jsd: --label given {len(args.label)} times but --path "
+        raise SystemExit(f"ctx-dc-jsd: error: --label given {len(args.label)} times but --path "
                          f"{len(args.path)} times; expected one label per checkpoint")
     results = []
     for i, path in enumerate(args.path):
         if not os.path.exists(path):
-            raise SystemExit(f"ctx-dc-jsd: --path {path}: no such checkpoint")
+            raise SystemExit(f"ctx-dc-jsd: error: --path {path}: no such checkpoint")
         r = jsd_for_checkpoint(path, args.data, args.split, args.max_tokens, args.batch_size,
                                args.max_sentences, args.head_reduce, args.cpu)
         r["label"] = (args.label[i] if args.label else

@@ -7,6 +7,8 @@ from typing import Dict, List, Optional, Sequence
 import sacrebleu
 from sacrebleu.metrics import BLEU
 
+from ctx_fairseq.errors import InputError
+
 
 @dataclass
 class GenerateOutput:
@@ -17,7 +19,7 @@ class GenerateOutput:
     detokenized: Optional[List[str]] = None  # D- lines (--tokenizer decoded); None if absent
 
 
-class NoHypothesesError(ValueError):
+class NoHypothesesError(InputError):
     """The file has no ``H-`` line (e.g. ``fairseq-generate --quiet`` or a failed run)."""
 
 

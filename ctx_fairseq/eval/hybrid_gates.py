@@ -351,7 +351,7 @@ def cli_main(argv: Optional[List[str]] = None) -> Dict[str, str]:
             paths.update({f"pos.{k}": v for k, v in
                           write_pos_outputs(pos, args.out_dir, args.pos_layer).items()})
     except GateAnalysisError as e:
-        raise SystemExit(f"ctx-hybrid-gates: {e}")
+        raise SystemExit(f"ctx-hybrid-gates: error: {e}")
     for p in paths.values():
         print(f"wrote {p}")
     return paths
@@ -523,7 +523,7 @@ def sweep_cli_main(argv: Optional[List[str]] = None) -> Dict[str, str]:
         res = sweep_results(args.runs)
         paths = write_sweep_outputs(res, args.out_dir)
     except GateAnalysisError as e:
-        raise SystemExit(f"ctx-hybrid-gates sweep: {e}")
+        raise SystemExit(f"ctx-hybrid-gates sweep: error: {e}")
     for r in res["runs"]:
         tok = ("" if r["tokenized_bleu"] is None else
                f"\t{_metric_name(res, 'tokenized_bleu')} {r['tokenized_bleu']:.2f}")

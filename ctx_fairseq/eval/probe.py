@@ -878,7 +878,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
             return _generate(args)
         result = probe_checkpoint(args)
     except ProbeError as e:
-        raise SystemExit(f"ctx-probe {args.command}: {e}")
+        raise SystemExit(f"ctx-probe {args.command}: error: {e}")
     paths = write_outputs(result, args.out_dir, args.prefix)
     print(format_table(result))
     if result["unknown_rate"] is not None:

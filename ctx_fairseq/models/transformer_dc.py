@@ -332,6 +332,9 @@ def params_cli_main(argv: Optional[List[str]] = None):
     p.add_argument("--vocab-size", type=int, default=32768,
                    help="joined vocabulary size including fairseq's 4 specials")
     a = p.parse_args(argv)
+    if a.vocab_size <= 4:
+        p.error(f"--vocab-size must be larger than fairseq's 4 special symbols, got "
+                f"{a.vocab_size}")
     print(param_count_table(a.vocab_size))
 
 

@@ -552,7 +552,7 @@ def main(argv=None) -> None:
             print(f"BLEU (first reference) = {sl['first_reference']['bleu']:.2f}")
             print(f"d-BLEU (all references) = "
                   f"{res['document_level']['all_references']['bleu']:.2f}")
-    except TvsubError as err:
+    except (TvsubError, OSError, ValueError) as err:
         sys.exit(f"prep_tvsub: error: {err}")
 
 
