@@ -62,7 +62,6 @@ share of ``<unk>`` tokens.
 
 import argparse
 import collections
-import json
 import logging
 import os
 import sys
@@ -73,6 +72,9 @@ import torch
 
 from ctx_fairseq.data.toy_corpus import read_contrastive  # noqa: F401  (re-exported)
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Suite, read_suite
+from ctx_fairseq.eval.suite_report import (  # noqa: F401  (write_report_files re-exported)
+    accuracy_bar_plot, add_output_args, add_suite_args, pct, print_report, report_name, result_rows, suite_langs,
+    write_report_files)
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
 
 logger = logging.getLogger(__name__)
@@ -418,10 +420,6 @@ def summarize(suite: Suite, scores: List[List[float]], tie_tolerance: float = 1e
     return result
 
 
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
-
-
 def format_result(result: Dict) -> str:
     o = result["overall"]
     lines = [f"overall: {o['accuracy']:.3f} ({o['correct']}/{o['n']} correct, {o['ties']} ties)"]
@@ -436,90 +434,21 @@ def format_result(result: Dict) -> str:
     lines += ["", "| category | distance | n | correct | ties | wrong | accuracy % |",
               "|---|---|---:|---:|---:|---:|---:|"]
 
-    def row(cat, dist, g):
+    for cat, dist, g in result_rows(result):
         lines.append(f"| {cat} | {dist} | {g['n']} | {g['correct']} | {g['ties']} | "
-                     f"{g['wrong']} | {_pct(g['accuracy'])} |")
-
-    row("all", "all", o)
-    for d, g in result.get("by_distance_overall", {}).items():
-        row("all", d, g)
-    for cat, g in result["by_phenomenon"].items():
-        if len(result["by_phenomenon"]) > 1 or not result.get("by_distance_overall"):
-            row(cat, "all", g)
-        if len(result["by_phenomenon"]) > 1:
-            for d, gd in result["by_distance"].get(cat, {}).items():
-                row(cat, d, gd)
+                     f"{g['wrong']} | {pct(g['accuracy'])} |")
     return "\n".join(lines)
 
 
 def plot(result: Dict, png: str, title: str = "") -> None:
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets DEBUG on the root
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = [("all", result["by_distance_overall"])] if result["by_distance_overall"] else []
-    if len(result["by_phenomenon"]) > 1:
-        groups += [(c, d) for c, d in result["by_distance"].items()]
-    if not groups:  # no distances: one bar per category
-        groups = [("all", {c: g for c, g in result["by_phenomenon"].items()})]
-    dists = []
-    for _, d in groups:
-        for k in d:
-            if k not in dists:
-                dists.append(k)
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(dists) + 2), 3.5))
-    width = 0.8 / len(groups)
-    x = np.arange(len(dists))
-    for k, (name, d) in enumerate(groups):
-        acc = [100 * (d[k2]["accuracy"] or 0) if k2 in d else 0 for k2 in dists]
-        ties = [100 * d[k2]["ties"] / d[k2]["n"] if k2 in d and d[k2]["n"] else 0 for k2 in dists]
-        ax.bar(x + k * width, acc, width, label=f"{name} correct")
-        if any(ties):
-            ax.bar(x + k * width, ties, width, bottom=acc, hatch="//", alpha=0.4,
-                   label=f"{name} ties")
-    ax.set_xticks(x + width * (len(groups) - 1) / 2)
-    ax.set_xticklabels(dists)
-    ax.set_xlabel("antecedent distance (sentences)" if result["by_distance_overall"]
-                  else "category")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title or os.path.basename(result["suite"]))
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    """Accuracy with the tied share, by antecedent distance or category."""
+    accuracy_bar_plot(result, png, title, "accuracy (%)", ties=True)
 
 
 def write_report(result: Dict, out_dir: str, name: str) -> Dict[str, str]:
     """Table, JSON and PNG, each written whole or not at all."""
     return write_report_files(result, os.path.join(out_dir, f"contrastive_{name}"),
                               format_result, plot)
-
-
-def write_report_files(result: Dict, prefix: str, format_fn, plot_fn,
-                       ensure_ascii: bool = True) -> Dict[str, str]:
-    """``PREFIX.md`` (``format_fn(result)``), ``PREFIX.json`` and ``PREFIX.png``
-    (``plot_fn(result, path)``), each written whole or not at all; returns
-    their paths. Shared by the scorer's and generative accuracy's reports."""
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    paths = {ext: f"{prefix}.{ext}" for ext in ("md", "json", "png")}
-    tmp = {ext: p + ".partial" for ext, p in paths.items()}
-    try:
-        with open(tmp["md"], "w", encoding="utf-8") as f:
-            f.write(format_fn(result) + "\n")
-        with open(tmp["json"], "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2, ensure_ascii=ensure_ascii)
-        plot_fn(result, tmp["png"] + ".png")
-        os.replace(tmp["png"] + ".png", tmp["png"])
-        for ext in paths:
-            os.replace(tmp[ext], paths[ext])
-    finally:
-        for p in list(tmp.values()) + [tmp["png"] + ".png"]:
-            if os.path.exists(p):
-                os.remove(p)
-    return paths
 
 
 def write_scores(suite: Suite, scores: List[List[float]], path: str) -> None:
@@ -553,16 +482,11 @@ def evaluate_checkpoint(path: str, data: str, contrastive: str, fmt: str = "toy"
     if tie_tolerance < 0:
         raise ValueError("--tie-tolerance must be >= 0")
     suite = read_suite(fmt, contrastive, langs=langs, context=suite_context, meta=suite_json)
-    model, task, cfg = load_checkpoint(path, data, ablation, cuda=not cpu)
-    if text_args is None:
-        p = argparse.ArgumentParser()
-        add_text_unit_args(p)
-        text_args = p.parse_args([])
-    src_enc, tgt_enc = TextEncoder.pair_from_args(text_args, task, cfg)
-    scorer = ContrastiveScorer(model, task, src_enc, tgt_enc, batch_size=batch_size,
-                               max_tokens=max_tokens, split=split,
-                               gold_target_context=gold_target_context,
-                               allow_partial_document=allow_partial_document)
+    scorer = scorer_for_checkpoint(path, data, ablation, cpu, text_args, batch_size=batch_size,
+                                   max_tokens=max_tokens, split=split,
+                                   gold_target_context=gold_target_context,
+                                   allow_partial_document=allow_partial_document)
+    src_enc, tgt_enc = scorer.src_enc, scorer.tgt_enc
     scores = scorer.score(suite)
     result = summarize(suite, scores, tie_tolerance)
     result.update({
@@ -578,6 +502,21 @@ def evaluate_checkpoint(path: str, data: str, contrastive: str, fmt: str = "toy"
     return (result, suite, scores) if return_scores else result
 
 
+def scorer_for_checkpoint(path: str, data: str, ablation: str = "none", cpu: bool = True,
+                          text_args=None, **kwargs) -> "ContrastiveScorer":
+    """The scorer of checkpoint ``path`` (:func:`load_checkpoint`), with the
+    text encoders of ``text_args`` (``--tokenizer`` / ``--bpe`` ...; the
+    defaults when None) and ``kwargs`` for :class:`ContrastiveScorer`: the one
+    way the scorer and generative accuracy load a checkpoint."""
+    model, task, cfg = load_checkpoint(path, data, ablation, cuda=not cpu)
+    if text_args is None:
+        p = argparse.ArgumentParser()
+        add_text_unit_args(p)
+        text_args = p.parse_args([])
+    src_enc, tgt_enc = TextEncoder.pair_from_args(text_args, task, cfg)
+    return ContrastiveScorer(model, task, src_enc, tgt_enc, **kwargs)
+
+
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ctx-score-contrastive",
                                 description=__doc__.split("\n\n")[0],
@@ -588,47 +527,25 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--contrastive", required=True,
                    help="the suite: a file (toy, contrapro, voita) or a prefix (bawden, lopes)")
     p.add_argument("--format", default="toy", choices=FORMATS)
-    p.add_argument("--suite-langs", default=None, metavar="SRC-TGT",
-                   help="file suffixes for contrapro (default en-de) and bawden (en-fr)")
-    p.add_argument("--suite-context", type=int, default=None, metavar="N",
-                   help="lopes: read PREFIX.cN.context.{src,trg}")
-    p.add_argument("--suite-json", default=None,
-                   help="lopes: the suite's JSON, for categories and distances")
-    p.add_argument("--split", default="test", help="toy: the split the records' ids refer to")
-    p.add_argument("--context-ablation", default="none", choices=["none", "shuffled", "random"],
-                   help="score with wrong context (Voita et al. 2018), document-level checkpoints")
-    p.add_argument("--gold-target-context", action="store_true",
-                   help="toy: checkpoints with target context take it from the references")
-    p.add_argument("--allow-partial-document", action="store_true",
-                   help="whole-document models (--document-context online) on a public suite: "
-                        "score with the few previous sentences the suite gives (reported)")
+    add_suite_args(p, "score with wrong context (Voita et al. 2018), document-level checkpoints",
+                   "toy: checkpoints with target context take it from the references")
     p.add_argument("--batch-size", type=int, default=32, help="candidates per forward pass")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="also bound the padded tokens of a batch, context included")
     p.add_argument("--tie-tolerance", type=float, default=1e-4,
                    help="score differences up to this (nats) are ties (0: only equal scores, "
                         "as the suites' official scripts count)")
-    p.add_argument("--out-dir", default=".", help="where the table/JSON/PNG go")
-    p.add_argument("--name", default=None,
-                   help="file name part of the outputs (default: the suite's name)")
     p.add_argument("--scores-out", default=None,
                    help="write one loss (-log p, lower is better) per candidate in the suite's "
                         "line order, for the suites' official scripts")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--cuda", action="store_true", help="score on the GPU")
-    add_text_unit_args(p)
+    add_output_args(p, "score on the GPU")
     return p
 
 
 def cli_main(argv=None) -> Dict:
     p = get_parser()
     args = p.parse_args(argv)
-    langs = None
-    if args.suite_langs:
-        parts = args.suite_langs.split("-")
-        if len(parts) != 2 or not all(parts):
-            p.error(f"--suite-langs {args.suite_langs}: expected SRC-TGT, e.g. en-de")
-        langs = (parts[0], parts[1])
+    langs = suite_langs(p, args.suite_langs)
     try:
         result, suite, scores = evaluate_checkpoint(
             args.path, args.data, args.contrastive, fmt=args.format, cpu=not args.cuda,
@@ -639,18 +556,12 @@ def cli_main(argv=None) -> Dict:
             allow_partial_document=args.allow_partial_document, return_scores=True)
     except (OSError, ValueError) as err:
         p.error(str(err))
-    name = args.name or suite.name
-    if args.context_ablation != "none" and not args.name:
-        name += f"_{args.context_ablation}"
-    paths = write_report(result, args.out_dir, name)
+    paths = write_report(result, args.out_dir,
+                         report_name(args.name, suite.name, args.context_ablation))
     if args.scores_out:
         write_scores(suite, scores, args.scores_out)
         paths["scores"] = args.scores_out
-    if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
-    else:
-        print(format_result(result))
-        print("\nwritten: " + ", ".join(paths.values()))
+    print_report(result, paths, format_result, args.json)
     return result
 
 

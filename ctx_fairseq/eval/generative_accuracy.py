@@ -84,7 +84,6 @@ import collections
 import contextlib
 import functools
 import html
-import json
 import logging
 import os
 import re
@@ -94,12 +93,13 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import torch
 
-from ctx_fairseq.eval.contrastive import (ContrastiveScorer, distance_key, load_checkpoint,
-                                         write_report_files)
+from ctx_fairseq.eval.contrastive import ContrastiveScorer, distance_key, scorer_for_checkpoint
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Example, Suite, read_suite
 from ctx_fairseq.eval.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
     remove_bpe
-from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
+from ctx_fairseq.eval.suite_report import (accuracy_bar_plot, add_output_args, add_suite_args,
+                                           pct, print_report, report_name, result_rows,
+                                           suite_langs, write_report_files)
 from ctx_fairseq.tasks.generation import best_tokens_on_cpu
 
 logger = logging.getLogger(__name__)
@@ -193,10 +193,6 @@ def summarize(suite: Suite, hypotheses: Sequence[str], case_sensitive: bool = Fa
     return result
 
 
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
-
-
 def format_result(result: Dict) -> str:
     o = result["overall"]
     acc = "-" if o["accuracy"] is None else f"{o['accuracy']:.3f}"
@@ -208,57 +204,16 @@ def format_result(result: Dict) -> str:
     lines += ["", "| category | distance | n | correct | contrastive | both | other | "
               "undecidable | accuracy % |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
 
-    def row(cat, dist, g):
+    for cat, dist, g in result_rows(result):
         lines.append(f"| {cat} | {dist} | {g['n']} | {g['correct']} | {g['contrastive']} | "
-                     f"{g['both']} | {g['other']} | {g['undecidable']} | {_pct(g['accuracy'])} |")
-
-    row("all", "all", o)
-    for d, g in result["by_distance_overall"].items():
-        row("all", d, g)
-    for cat, g in result["by_phenomenon"].items():
-        if len(result["by_phenomenon"]) > 1 or not result["by_distance_overall"]:
-            row(cat, "all", g)
-        if len(result["by_phenomenon"]) > 1:
-            for d, gd in result["by_distance"].get(cat, {}).items():
-                row(cat, d, gd)
+                     f"{g['both']} | {g['other']} | {g['undecidable']} | {pct(g['accuracy'])} |")
     return "\n".join(lines)
 
 
 def plot(result: Dict, png: str, title: str = "") -> None:
     """Accuracy by antecedent distance (one bar group per category), or per
     category when the suite gives no distances."""
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if result["by_distance_overall"]:
-        groups = [("all", result["by_distance_overall"])]
-        if len(result["by_phenomenon"]) > 1:
-            groups += list(result["by_distance"].items())
-    else:
-        groups = [("all", dict(result["by_phenomenon"]))]
-    keys: List[str] = []
-    for _, d in groups:
-        keys += [k for k in d if k not in keys]
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(keys) + 2), 3.5))
-    width = 0.8 / len(groups)
-    x = np.arange(len(keys))
-    for j, (name, d) in enumerate(groups):
-        ax.bar(x + j * width, [100 * (d[k]["accuracy"] or 0) if k in d else 0 for k in keys],
-               width, label=name)
-    ax.set_xticks(x + width * (len(groups) - 1) / 2)
-    ax.set_xticklabels(keys)
-    ax.set_xlabel("antecedent distance (sentences)" if result["by_distance_overall"]
-                  else "category")
-    ax.set_ylabel("generative accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title or os.path.basename(result["suite"]))
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    accuracy_bar_plot(result, png, title, "generative accuracy (%)")
 
 
 def write_report(result: Dict, out_dir: str, name: str) -> Dict[str, str]:
@@ -404,16 +359,11 @@ def evaluate(contrastive: str, fmt: str = "toy", generate_output: Optional[str] 
         hyps = translations_from_file(suite, generate_output)
         source = {"generate_output": generate_output}
     else:
-        model, task, cfg = load_checkpoint(path, data, ablation, cuda=not cpu)
-        if text_args is None:
-            p = argparse.ArgumentParser()
-            add_text_unit_args(p)
-            text_args = p.parse_args([])
-        src_enc, tgt_enc = TextEncoder.pair_from_args(text_args, task, cfg)
-        scorer = ContrastiveScorer(model, task, src_enc, tgt_enc, batch_size=batch_size,
-                                   max_tokens=max_tokens, split=split,
-                                   gold_target_context=gold_target_context,
-                                   allow_partial_document=allow_partial_document)
+        scorer = scorer_for_checkpoint(path, data, ablation, cpu, text_args,
+                                       batch_size=batch_size, max_tokens=max_tokens, split=split,
+                                       gold_target_context=gold_target_context,
+                                       allow_partial_document=allow_partial_document)
+        src_enc = scorer.src_enc
         hyps = translate_suite(scorer, suite, beam, max_len_a, max_len_b, lenpen)
         notes += scorer.notes
         source = {"checkpoint": path, "context_ablation": ablation, "beam": beam,
@@ -443,15 +393,8 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", default=None, help="checkpoint: translate the suite here")
     p.add_argument("--data", default=None, help="with --path: binarized data directory "
                                                 "(dictionaries; for --format toy the split)")
-    p.add_argument("--suite-langs", default=None, metavar="SRC-TGT")
-    p.add_argument("--suite-context", type=int, default=None, metavar="N")
-    p.add_argument("--suite-json", default=None)
-    p.add_argument("--split", default="test", help="toy: the split the records' ids refer to")
-    p.add_argument("--context-ablation", default="none", choices=["none", "shuffled", "random"],
-                   help="with --path: translate with wrong context")
-    p.add_argument("--gold-target-context", action="store_true",
-                   help="toy: models with target context read the references")
-    p.add_argument("--allow-partial-document", action="store_true")
+    add_suite_args(p, "with --path: translate with wrong context",
+                   "toy: models with target context read the references")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--beam", type=int, default=5)
@@ -460,23 +403,14 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--lenpen", type=float, default=1.0)
     p.add_argument("--case-sensitive", action="store_true",
                    help="compare words with their case (default: case folded)")
-    p.add_argument("--out-dir", default=".")
-    p.add_argument("--name", default=None, help="file name part (default: the suite's name)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--cuda", action="store_true", help="translate on the GPU")
-    add_text_unit_args(p)
+    add_output_args(p, "translate on the GPU")
     return p
 
 
 def cli_main(argv=None) -> Dict:
     p = get_parser()
     args = p.parse_args(argv)
-    langs = None
-    if args.suite_langs:
-        parts = args.suite_langs.split("-")
-        if len(parts) != 2 or not all(parts):
-            p.error(f"--suite-langs {args.suite_langs}: expected SRC-TGT, e.g. en-de")
-        langs = (parts[0], parts[1])
+    langs = suite_langs(p, args.suite_langs)
     if args.beam < 1 or args.batch_size < 1:
         p.error("--beam and --batch-size must be >= 1")
     try:
@@ -490,18 +424,12 @@ def cli_main(argv=None) -> Dict:
             suite_json=args.suite_json, allow_partial_document=args.allow_partial_document)
     except (OSError, ValueError) as err:
         p.error(str(err))
-    name = args.name or suite.name
-    if args.context_ablation != "none" and not args.name:
-        name += f"_{args.context_ablation}"
+    name = report_name(args.name, suite.name, args.context_ablation)
     paths = write_report(result, args.out_dir, name)
     if args.path:
         paths["translations"] = os.path.join(args.out_dir, f"generative_{name}.translations.txt")
         write_translations(suite, hyps, paths["translations"])
-    if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
-    else:
-        print(format_result(result))
-        print("\nwritten: " + ", ".join(paths.values()))
+    print_report(result, paths, format_result, args.json)
     return result
 
 
