@@ -312,6 +312,17 @@ def test_smoke_iwslt14_es_en_reduced_and_rerun(tmp_path):
     with open(os.path.join(work, "results", "summary.md"), encoding="utf-8") as f:
         summary = f.read()
     assert "Smoke run" in summary and "| es-en | enc-dc | Enc-DC |" in summary
+    # the paired bootstrap against the transformer: a p for enc-dc, - for the transformer
+    with open(os.path.join(work, "results", "es-en", "enc-dc", "paired.json"),
+              encoding="utf-8") as f:
+        paired = json.load(f)
+    assert paired["baseline_file"].endswith(os.path.join("es-en", "transformer", "hyp.detok"))
+    row = next(line for line in summary.splitlines() if line.startswith("| es-en | enc-dc |"))
+    p_cell = row.rstrip(" |").rsplit("|", 1)[1].strip()
+    assert p_cell not in ("-", "not measured") and (p_cell in ("n/a", "<0.001")
+                                                    or 0 <= float(p_cell) <= 1)
+    row = next(line for line in summary.splitlines() if line.startswith("| es-en | transformer |"))
+    assert row.rstrip(" |").rsplit("|", 1)[1].strip() == "-"
     # metadata lines of train.tags are not training text; XML entities unescaped
     with open(os.path.join(work, "text", "train.es"), encoding="utf-8") as f:
         train = f.read()

@@ -104,6 +104,36 @@ sent_select() {
     [ ${#SENT_DIRS[@]} -gt 0 ] || die "no directions selected (DIRECTIONS is empty)"
 }
 
+# sent_baseline_of ID: the sentence-level transformer of ID's set-up (the
+# model of the same group whose id is transformer or ends in -transformer),
+# printed when it is among this run's models and is not ID itself.
+sent_baseline_of() {
+    local m
+    for m in "${SENT_MODELS[@]}"; do
+        case $m in transformer|*-transformer) ;; *) continue ;; esac
+        if [ "${SENT_GROUP[$m]}" = "${SENT_GROUP[$1]}" ] && [ "$m" != "$1" ]; then
+            printf '%s\n' "$m"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# sent_paired DIRECTION ID BASELINE: sacreBLEU's paired bootstrap (Koehn 2004;
+# ctx_fairseq.eval.significance) of ID's detokenised test hypotheses against
+# BASELINE's, with the sacreBLEU tokenizer of ID's score, into
+# results/DIRECTION/ID/paired.json (sentences only: these corpora have no
+# documents here)
+sent_paired() {
+    local dir=$1 id=$2 base=$3 out tok
+    out="$WORK/results/$dir/$id"
+    tok=$(sed -n 's/.*tok:\([^|"]*\).*/\1/p' "$out/bleu.json" | head -n 1)
+    "$PY" -m ctx_fairseq.eval.significance --baseline "$WORK/results/$dir/$base/hyp.detok" \
+        --system "$out/hyp.detok" --refs "$WORK/text/test.${dir#*-}" --tokenize "${tok:-13a}" \
+        --out "$out/paired.json" > "$out/paired.log" 2>&1 \
+        || die "paired bootstrap of $dir/$id failed (see $out/paired.log)"
+}
+
 # sent_has_model ID: is ID among this run's models?
 sent_has_model() {
     local m
@@ -407,7 +437,16 @@ def cmd_summary(a):
             with open(path, encoding="utf-8") as f:
                 r = json.load(f)
             tok = r.get("tokenized_bleu")
-            rows.append({"direction": d, "model": mid, **info,
+            paired = os.path.join(work, "results", d, mid, "paired.json")
+            if os.path.exists(paired):
+                with open(paired, encoding="utf-8") as f:
+                    pv = json.load(f)["sentences"]["p_value"]
+                p_text = "n/a" if pv is None else (f"{pv:.3f}" if pv >= 0.001 else "<0.001")
+            elif mid == "transformer" or mid.endswith("-transformer"):
+                p_text = "-"
+            else:
+                p_text = "not measured"
+            rows.append({"direction": d, "model": mid, **info, "p_vs_transformer": p_text,
                          "params": _params(os.path.join(work, "logs", f"train-{d}.{mid}.log")),
                          "sacrebleu": r["sacrebleu"]["score"],
                          "sacrebleu_signature": r["sacrebleu"]["signature"],
@@ -451,17 +490,21 @@ def cmd_summary(a):
         extra = " value |" if kind in ("kernel", "layers") else ""
         lines += [f"## {titles.get(kind, kind)}", "",
                   f"| direction | model | label | set-up |{extra} parameters | sacreBLEU |"
-                  + (f" tokenized BLEU ({tok_label}) |" if tok_label else ""),
+                  + (f" tokenized BLEU ({tok_label}) |" if tok_label else "") + " p |",
                   "|---|---|---|---|" + ("---|" if extra else "") + "---:|---:|"
-                  + ("---:|" if tok_label else "")]
+                  + ("---:|" if tok_label else "") + "---:|"]
         for r in sel:
             p = f"{r['params'] / 1e6:.2f}M" if r["params"] else "?"
             tb = "" if not tok_label else (
                 f" {r['tokenized_bleu']:.2f} |" if r["tokenized_bleu"] is not None else " - |")
             val = f" {r['value']} |" if extra else ""
             lines.append(f"| {r['direction']} | {r['model']} | {r['label']} | {r['group']} |{val} "
-                         f"{p} | {r['sacrebleu']:.2f} |{tb}")
+                         f"{p} | {r['sacrebleu']:.2f} |{tb} {r['p_vs_transformer']} |")
         lines.append("")
+    lines += ["p: sacreBLEU's paired bootstrap (Koehn 2004; ctx_fairseq.eval.significance, "
+              "results/DIRECTION/MODEL/paired.json) of the sacreBLEU score against the same "
+              "set-up's transformer, over sentences; - for the transformer itself, not "
+              "measured without it in the run.", ""]
     sigs = sorted({r["sacrebleu_signature"] for r in rows})
     if sigs:
         lines += ["sacreBLEU signature(s): " + "; ".join(f"`{s}`" for s in sigs), ""]
@@ -709,7 +752,7 @@ sent_settings() {
 # The pipeline: download (full mode without --raw), text, tok, bpe, bin[, bin-sep],
 # then train + test per direction and model.
 sent_pipeline() {
-    local dir id datas=() merges=$SENT_MERGES
+    local dir id base datas=() merges=$SENT_MERGES
     sent_select
     sent_settings
     if [ -z "$RAW" ]; then
@@ -733,6 +776,12 @@ sent_pipeline() {
             step "train-$dir-$id" sent_train "$dir" "$id" "${SENT_GROUP_DATA[${SENT_GROUP[$id]}]}" "${SENT_ARGS[@]}"
             sent_gen_args "$id"
             step "test-$dir-$id" sent_test "$dir" "$id" "${SENT_GROUP_DATA[${SENT_GROUP[$id]}]}" "${SENT_ARGS[@]}"
+        done
+        # every model against its set-up's transformer: the summary's p column
+        for id in "${SENT_MODELS[@]}"; do
+            if base=$(sent_baseline_of "$id"); then
+                step "paired-$dir-$id" sent_paired "$dir" "$id" "$base"
+            fi
         done
     done
 }
