@@ -445,6 +445,10 @@ def test_opensubtitles_smoke(tmp_path):
     results = work / "results"
     check_bleu(results, "sentence")
     check_bleu(results, "context")
+    # the paired bootstrap against the sentence-level transformer, in the summary's p column
+    paired = json.loads((results / "context" / "paired.json").read_text())
+    assert paired["baseline_file"].endswith("sentence.txt") and paired["sentences"]["segments"] > 0
+    assert "not measured" not in (results / "summary.md").read_text()
     ana = results / "analysis-context"
     assert "| true - shuffled |" in (ana / "bleu.log").read_text()
     for ctx in ("none", "shuffled"):

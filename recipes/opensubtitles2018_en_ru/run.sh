@@ -216,6 +216,9 @@ step bleu_sentence ctx_bleu_report sentence "$BIN/test.docids" "$WORK/docs/test.
     "$WORK/docs/test.detok.$TGT" "$TGT"
 step bleu_context ctx_bleu_report context "$BIN/test.docids" "$WORK/docs/test.$TGT" \
     "$WORK/docs/test.detok.$TGT" "$TGT"
+# the summary's p column: the paired bootstrap of the context model against the
+# sentence-level transformer (tokenized BLEU, over sentences and over documents)
+step paired_context ctx_paired context "$WORK/docs/test.$TGT" "$BIN/test.docids"
 step analysis_context ctx_context_aware_analyses analysis-context "$BIN" "$WORK/checkpoints/context" \
     "$BEAM" "$WORK/docs/test.$TGT" "--lenpen 0.6"
 [ -n "$RAW" ] || step download-suites download_suites "$SUITES_URL" "${SUITE_LIST[@]}"
