@@ -46,21 +46,17 @@ USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def load_document_model(ckpt: str, data: str, ablation: str = "none", cpu: bool = True,
                         overrides: Optional[Dict] = None):
-    """(model, task) from a checkpoint trained with ``--task document_translation``."""
-    import ctx_fairseq  # noqa: F401
-    from fairseq import checkpoint_utils
-
+    """(model, task) from a checkpoint trained with ``--task document_translation``
+    (:func:`ctx_fairseq.eval.checkpoints.restore_checkpoint`)."""
+    from ctx_fairseq.eval.checkpoints import restore_checkpoint
     from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
 
-    arg_overrides = {"data": data, "context_ablation": ablation, **(overrides or {})}
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [ckpt], arg_overrides=arg_overrides)
+    model, task, _cfg = restore_checkpoint(
+        ckpt, data, {"context_ablation": ablation, **(overrides or {})},
+        "cpu" if cpu else "auto")
     if not isinstance(task, DocumentTranslationTask):
         raise ValueError(f"{ckpt}: trained with task {type(task).__name__}; expected "
                          "--task document_translation")
-    model = models[0].eval()
-    if not cpu and torch.cuda.is_available():
-        model = model.cuda()
     return model, task
 
 

@@ -88,50 +88,27 @@ class ContextUnavailable(ValueError):
 
 
 def load_checkpoint(path: str, data: str, ablation: str = "none", cuda: bool = False):
-    """(model, task) with the checkpoint's task and model options; ``data``
-    gives the dictionaries (and, for the toy format, the split)."""
-    import ctx_fairseq  # noqa: F401
-    from fairseq import checkpoint_utils
+    """(model, task, cfg) with the checkpoint's task and model options
+    (:func:`ctx_fairseq.eval.checkpoints.restore_checkpoint`); ``data`` gives
+    the dictionaries (and, for the toy format, the split); ``ablation``: the
+    task's ``--context-ablation``, for a document-level checkpoint only."""
+    from ctx_fairseq.eval.checkpoints import (checkpoint_task_name, read_checkpoint,
+                                              restore_checkpoint)
 
-    if not os.path.isfile(path):
-        raise ValueError(f"--path {path}: no such checkpoint")
-    state = checkpoint_utils.load_checkpoint_to_cpu(path)
-    cfg = state.get("cfg")
-    task_name = None
-    if cfg is not None and cfg.get("task") is not None:
-        task_name = cfg["task"].get("_name", None)
-    elif state.get("args") is not None:
-        task_name = getattr(state["args"], "task", None)
-    overrides = {"data": data}
+    state = read_checkpoint(path)
+    task_name = checkpoint_task_name(state)
+    overrides = {}
     if task_name == "document_translation":
         overrides["context_ablation"] = ablation
     elif ablation != "none":
         raise ValueError(f"--context-ablation {ablation}: {path} was trained with --task "
                          f"{task_name} (no context to ablate)")
-    # fairseq applies arg_overrides only when it reads the file itself: apply
-    # them to the state read here, as load_checkpoint_to_cpu would
-    if state.get("args") is not None:
-        for k, v in overrides.items():
-            setattr(state["args"], k, v)
-    if cfg is not None:
-        from fairseq.dataclass.utils import overwrite_args_by_name
-
-        overwrite_args_by_name(cfg, overrides)
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides=overrides, state=state)
+    model, task, cfg = restore_checkpoint(path, data, overrides, "cuda" if cuda else "cpu",
+                                          state=state)
     if ablation != "none" and not uses_context(task):
         raise ValueError(f"--context-ablation {ablation}: {path} uses no context (--source-"
                          "context-size 0, --target-context-size 0): no context to ablate")
-    for k, v in overrides.items():  # never a silent mismatch
-        got = getattr(task.cfg, k, None)
-        if got is not None and str(got) != str(v):
-            raise RuntimeError(f"{path}: option {k}={v!r} did not reach the task ({got!r})")
-    model = models[0].eval()
-    if cuda:
-        if not torch.cuda.is_available():
-            raise ValueError("--cuda: no GPU available")
-        model = model.cuda()
-    return model, task, _cfg
+    return model, task, cfg
 
 
 def uses_context(task) -> bool:

@@ -143,14 +143,11 @@ def encoder_jsd(model, batches: Iterable[Dict], head_reduce: str = "max") -> Dic
 def jsd_for_checkpoint(path: str, data: str, split: str = "test", max_tokens: int = 4000,
                        batch_size: Optional[int] = None, max_sentences: Optional[int] = None,
                        head_reduce: str = "max", cpu: bool = False) -> Dict:
-    import ctx_fairseq  # noqa: F401  (registers transformer_dc, allow-lists checkpoints)
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
 
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data})
-    model = models[0]
-    if not cpu and torch.cuda.is_available():
-        model = model.cuda()
+    from ctx_fairseq.eval.checkpoints import restore_checkpoint
+
+    model, task, _cfg = restore_checkpoint(path, data, device="cpu" if cpu else "auto")
     task.load_dataset(split)
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(

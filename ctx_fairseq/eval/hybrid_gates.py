@@ -188,17 +188,15 @@ def collect_gates(path: str, data: str, split: str = "valid", max_tokens: int = 
                   separator: str = "@@", cpu: bool = False) -> GateCollector:
     """Run a checkpoint over ``split`` of ``data`` and collect its gates."""
     import ctx_fairseq  # noqa: F401  (registers the model, allow-lists checkpoints)
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
+
+    from ctx_fairseq.eval.checkpoints import restore_checkpoint
 
     if not os.path.exists(path):
         raise GateAnalysisError(f"--path {path}: no such checkpoint")
     tags = read_pos_tags(pos_tags) if pos_tags else None
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data})
-    model = models[0].eval()
-    use_cuda = not cpu and torch.cuda.is_available()
-    if use_cuda:
-        model = model.cuda()
+    model, task, _cfg = restore_checkpoint(path, data, device="cpu" if cpu else "auto")
+    use_cuda = next(model.parameters()).is_cuda
     task.load_dataset(split)
     dataset = task.dataset(split)
     collector = GateCollector(model, task.source_dictionary, tags, pos_tags or "", separator)

@@ -576,17 +576,15 @@ def load_probe_model(path: str, data: str, cpu: bool = True, random_init: bool =
     """(model, task, cfg). ``random_init``: a model of the checkpoint's shape
     with fresh parameters (fairseq's initialisation, seeded), the untrained
     control."""
-    import ctx_fairseq  # noqa: F401
-    from fairseq import checkpoint_utils
     from fairseq.models.transformer import TransformerEncoderBase
+
+    from ctx_fairseq.eval.checkpoints import restore_checkpoint
 
     if not os.path.isfile(path):
         raise ProbeError(f"--path {path}: no such checkpoint")
     if not os.path.isdir(data):
         raise ProbeError(f"--data {data}: no such directory")
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data})
-    model = models[0]
+    model, task, cfg = restore_checkpoint(path, data)
     from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
 
     if isinstance(task, DocumentTranslationTask) and task.uses_context:
