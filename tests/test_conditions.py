@@ -81,3 +81,30 @@ def test_the_task_builds_conditions_without_changing_its_options(toy_bin):
         assert ds.context_size == (0 if kind == "none" else None)
     assert dict(task.cfg) == before
     assert task.datasets["valid"].ablation == "none"
+
+
+def test_a_condition_is_for_scoring_and_takes_references_as_target_context(toy_bin):
+    ds, _, _ = synthetic([4, 5], src_context_size=1, context_dropout=0.5, coword_dropout=0.2,
+                         sample_context_size=1)
+    scored = ds.with_condition("shuffled")
+    assert (scored.context_dropout, scored.coword_dropout, scored.sample_context_size) == (0, 0, 0)
+    task = setup_task(toy_bin, "--source-context-size", "1", "--target-context-size", "1",
+                      "--target-context-file", "hyps.txt")
+    with pytest.raises(InputError, match="takes the target context from the references"):
+        task.condition_dataset("valid", ContextCondition("none"))
+
+
+def test_context_net_input_is_the_collaters_context_of_one_line(toy_bin):
+    task = setup_task(toy_bin, "--document-context", "online", "--document-memory")
+    ni = task.context_net_input("valid", [3])
+    ds = task.datasets["valid"]
+    want = ds.collater([ds[3]])["net_input"]
+    assert "src_tokens" not in ni and set(ni) == set(want) - {"src_tokens", "src_lengths",
+                                                               "prev_output_tokens"}
+    assert "query_doc_tokens" in ni and "mem_src_tokens" in ni
+    for k, v in ni.items():
+        assert np.array_equal(np.asarray(v), np.asarray(want[k])), k
+    with pytest.raises(ValueError, match="one line per call"):
+        task.context_net_input("valid", [1, 2])
+    with pytest.raises(InputError, match="record says 'nope'"):
+        task.context_net_input("valid", [3], doc_ids=["nope"])

@@ -268,8 +268,8 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
     def with_condition(self, condition) -> "DocumentContextDataset":
         """This dataset (the same sentences, documents and options) under a
         :class:`~ctx_fairseq.data.conditions.ContextCondition` (or its kind's
-        name): the one way every scorer gets the empty, a sized, a shuffled
-        or a random context. ``none`` cuts a bounded context to 0 sentences
+        name), for scoring (no dropout, no sampled size): the one way every
+        scorer gets the empty, a sized, a shuffled or a random context. ``none`` cuts a bounded context to 0 sentences
         and puts each sentence alone in its document for a whole-document
         context or document memory; a size cuts a bounded context of
         previous sentences (an error for the others)."""
@@ -279,6 +279,8 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
             ContextCondition(str(condition))
         args = dict(self._init_args)
         args.update(cond.dataset_args(self.whole_document))
+        # a condition is for scoring: no training dropout or sampled size
+        args.update(context_dropout=0.0, coword_dropout=0.0, sample_context_size=0)
         return DocumentContextDataset(self.base, self._doc_ids,
                                       context_layout=self.context_layout, **args)
 
@@ -742,7 +744,7 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
             ni["query_doc_token_counts"] = (tokens < ni["src_tokens"].numel()).sum(1)  # numpy
             if self.length_buckets > 1:
                 if self.context_layout["memory"] != "separate":
-                    raise ValueError(
+                    raise InputError(
                         "--length-buckets: the model encodes its document memory together with "
                         "the batch's sentences (a shared memory); length groups are for a "
                         "memory encoded apart (transformer_selective_doc --context-memory "

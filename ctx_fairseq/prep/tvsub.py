@@ -68,6 +68,8 @@ import shutil
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ctx_fairseq.errors import InputError
+
 __all__ = ["TvsubError", "Refset", "read_lines", "list_episodes", "read_episodes",
            "parse_refset", "read_eval_split", "check_units", "prepare", "score", "main"]
 
@@ -552,7 +554,7 @@ def main(argv=None) -> None:
             print(f"BLEU (first reference) = {sl['first_reference']['bleu']:.2f}")
             print(f"d-BLEU (all references) = "
                   f"{res['document_level']['all_references']['bleu']:.2f}")
-    except (TvsubError, OSError, ValueError) as err:
+    except (TvsubError, InputError, OSError) as err:
         sys.exit(f"prep_tvsub: error: {err}")
 
 

@@ -206,8 +206,10 @@ class DocumentTranslationConfig(TranslationConfig):
                                      "per group, each padded to its own longest sentence (a "
                                      "document batch is padded to its longest: on TVsub about "
                                      "2.2 times the real tokens). The results are the same to "
-                                     "rounding; 4 is fastest on the CPU (docs/"
-                                     "transformer_selective_doc.md). 1: one group"})
+                                     "rounding; on the CPU 4 trains 1.3 times as fast as 1 (the "
+                                     "values measured: docs/transformer_selective_doc.md); on "
+                                     "a GPU each group adds host synchronisations. 1: one "
+                                     "group"})
     context_separator: str = field(
         default="</s>", metadata={"help": "symbol that ends each context sentence"})
     gold_target_context: bool = field(
@@ -392,6 +394,10 @@ class DocumentTranslationTask(TranslationTask):
         (no dropout, targets with their context, target context from the
         references). The one way ctx-cxmi (and any scorer) gets a condition:
         the task's options are left as they are."""
+        if self.cfg.target_context_file or self.cfg.own_target_context:
+            raise InputError("a context condition takes the target context from the "
+                             "references; --target-context-file / --own-target-context would "
+                             "be replaced by them: leave them out to score conditions")
         if split not in self.datasets:
             self.load_dataset(split)
         ds = getattr(self.datasets[split], "inner", self.datasets[split])

@@ -549,7 +549,7 @@ _ctx_summary_text() {
     for f in "$WORK"/results/*/*.log; do
         [ -e "$f" ] || continue
         printf '## %s\n\n```\n' "${f#"$WORK"/results/}"
-        grep -E '^(sentence|document)-level BLEU|^  BLEU =|signature|^overall:|^\|' "$f" | grep -v '^|---' \
+        grep -E '^(sentence|document)-level BLEU|^  BLEU =|signature|^overall:|^\||^(d-)?BLEU baseline' "$f" | grep -v '^|---' \
             | head -n 40 || true
         printf '```\n\n'
     done

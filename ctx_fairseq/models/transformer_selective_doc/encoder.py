@@ -2,6 +2,7 @@
 document context layer on top (encoder integration) and the memory's
 encoder states (shared with the queries or from the frozen copy)."""
 
+import logging
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -38,6 +39,8 @@ from ctx_fairseq.modules.sentence_cache import (
     to_device,
     weights_signature,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class SelectiveDocEncoder(TransformerEncoderBase):
@@ -192,6 +195,12 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         sentence's states are those of the one-group forward, to rounding."""
         left = bool(self.args.left_pad_source)
         S = src_tokens.size(1)
+        if src_tokens.is_cuda and not getattr(self, "_warned_groups_on_gpu", False):
+            self._warned_groups_on_gpu = True
+            logger.warning(f"--length-buckets: {len(groups)} length groups on the GPU: each "
+                           "group is one more call of fairseq's encoder and decoder, with their "
+                           "host synchronisations; the groups pay off on the CPU "
+                           "(docs/transformer_selective_doc.md)")
         outs = [TransformerEncoderBase.forward_scriptable(
             self, src_tokens.index_select(0, rows)[:, cut_slice(S, width, left)],
             src_lengths.index_select(0, rows), return_all_hiddens)

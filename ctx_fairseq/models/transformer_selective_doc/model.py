@@ -12,6 +12,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 from torch import Tensor
 
+from ctx_fairseq.errors import InputError
 from ctx_fairseq.models._fairseq_utils import (
     IterativeDecodingDemo,
     encode_and_decode,
@@ -179,7 +180,7 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
                                "batch encodes its whole document memory (without gradients)")
         if tcfg is not None and int(getattr(tcfg, "length_buckets", 1) or 1) > 1 and \
                 args.context_memory != "frozen":
-            raise ValueError(
+            raise InputError(
                 "--length-buckets needs --context-memory frozen: a shared memory is encoded "
                 "together with the batch's sources in one call, which the length groups would "
                 "split. Use --context-memory frozen or drop --length-buckets")
