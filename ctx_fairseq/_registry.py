@@ -36,12 +36,3 @@ def plugin_architectures() -> List[str]:
         for name, cls in ARCH_MODEL_REGISTRY.items()
         if cls.__module__.startswith("ctx_fairseq.")
     )
-
-
-def default_demo_archs() -> List[str]:
-    """The sentence-level baseline plus each plugin model's demo architectures
-    (``demo_archs``; default: the architecture named like the model)."""
-    archs = ["transformer"]
-    for name, cls in plugin_models().items():
-        archs.extend(getattr(cls, "demo_archs", [name]))
-    return archs

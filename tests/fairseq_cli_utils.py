@@ -15,7 +15,7 @@ as in tests/test_cuda.py).
 import contextlib
 import io
 import os
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO_ROOT, "ctx_fairseq")
@@ -205,6 +205,80 @@ def train_and_generate(data_dir: str, save_dir: str, arch: str, extra: List[str]
 
 def hypotheses(generate_output: str) -> List[str]:
     return [line.split("\t")[2] for line in generate_output.splitlines() if line.startswith("H-")]
+
+
+def training_task_and_cfg(argv: Sequence[str]):
+    """``(task, cfg)`` of the fairseq-train command line ``argv``, parsed and
+    the task set up as fairseq-train does; nothing is built or trained."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), list(argv))
+    cfg = convert_namespace_to_omegaconf(args)
+    return tasks.setup_task(cfg.task), cfg
+
+
+def states_from_sentence_checkpoint(task, cfg, checkpoint: str, caplog):
+    """``(ours, init, theirs)``, state dicts for ``--init-from-sentence-
+    checkpoint``: of the model ``task`` builds from ``cfg`` (seed 3; its INFO
+    log captured by ``caplog``), of the same model's initialisation alone
+    (seed 3, ``from_checkpoint=True``: the checkpoint is not read) and the
+    model state of ``checkpoint``."""
+    import logging
+
+    import torch
+    from fairseq import checkpoint_utils
+
+    torch.manual_seed(3)
+    with caplog.at_level(logging.INFO):
+        model = task.build_model(cfg.model)
+    torch.manual_seed(3)
+    plain = task.build_model(cfg.model, from_checkpoint=True)  # the initialisation alone
+    theirs = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)["model"]
+    return model.state_dict(), plain.state_dict(), theirs
+
+
+def train_from_sentence_checkpoint(argv: Sequence[str], checkpoint: str, save_dir: str):
+    """fairseq-train ``argv`` (data directory, architecture, task and model
+    options) initialised from ``checkpoint`` (``--init-from-sentence-
+    checkpoint``) for 3 updates (adam, lr 1e-3, seed 1, no validation) into
+    ``save_dir``: ``(state, theirs)``, the state of its last checkpoint,
+    asserted 3 updates in, and the model state of ``checkpoint``."""
+    from fairseq import checkpoint_utils
+
+    train([*argv, "--init-from-sentence-checkpoint", checkpoint, "--optimizer", "adam",
+           "--lr", "1e-3", "--max-tokens", "500", "--max-update", "3", "--save-dir", save_dir,
+           "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
+           "--disable-validation"])
+    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(save_dir, "checkpoint_last.pt"))
+    assert state["optimizer_history"][-1]["num_updates"] == 3
+    return state, checkpoint_utils.load_checkpoint_to_cpu(checkpoint)["model"]
+
+
+def assert_translates_test_split(data_dir: str, checkpoint: str, task_args: Sequence[str]):
+    """fairseq-generate (beam 2) of ``checkpoint`` with ``task_args`` prints a
+    hypothesis for every sentence of the test split of ``data_dir``."""
+    out = generate([data_dir, "--path", checkpoint, *task_args, "--beam", "2",
+                    "--max-tokens", "500", "--gen-subset", "test", "--num-workers", "0"])
+    with open(os.path.join(data_dir, "test.docids")) as f:
+        assert len(hypotheses(out)) == sum(1 for _ in f)
+
+
+def write_two_documents(corpus_dir: str, path) -> Tuple[List[str], List[str]]:
+    """fairseq-interactive input (``--input path``) from the raw test split of
+    ``corpus_dir`` (``test.src``, ``test.docids``): the first three sentences
+    of its first document, a blank line (a new document), then the first two
+    sentences of the split outside that document; returns the two lists of
+    sentences."""
+    with open(os.path.join(corpus_dir, "test.src")) as f:
+        src = f.read().splitlines()
+    with open(os.path.join(corpus_dir, "test.docids")) as f:
+        ids = f.read().splitlines()
+    doc1 = [s for s, i in zip(src, ids) if i == ids[0]][:3]
+    doc2 = [s for s, i in zip(src, ids) if i != ids[0]][:2]
+    with open(path, "w") as f:
+        f.write("\n".join(doc1) + "\n\n" + "\n".join(doc2) + "\n")
+    return doc1, doc2
 
 
 def interactive(argv: List[str], device: Optional[str] = None) -> str:

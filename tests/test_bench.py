@@ -440,7 +440,7 @@ def test_document_batch_is_one_the_task_forms():
         ids = sorted(sample["id"].tolist())
         assert 7 in ids  # the first document's last sentence
         # the batches of the task's own iterator over the same documents
-        ds = task.wrap(*_bench_documents(b, task), training=True)
+        ds = task.wrap(*b.synthetic_documents(task, 1), training=True)
         itr = task.get_batch_iterator(
             ds, max_tokens=60, max_positions=fairseq_utils.resolve_max_positions(
                 task.max_positions(), model.max_positions(), 60),
@@ -450,28 +450,6 @@ def test_document_batch_is_one_the_task_forms():
         seen[memory] = (len(ids), bench.memory_sentences(sample))
     # the frozen memory counts against --max-tokens apart from the queries: fewer queries
     assert seen["frozen"][0] < seen["shared"][0], seen
-
-
-def _bench_documents(b, task):
-    """The synthetic documents of ``Bench.document_sample`` (same seed)."""
-    import math
-
-    import torch
-    from fairseq.data import LanguagePairDataset
-
-    a, d = b.args, task.target_dictionary
-    g = torch.Generator().manual_seed(1)
-    n = (1 + math.ceil(b.batch_size / a.doc_len)) * a.doc_len
-
-    def sents(length):
-        t = torch.randint(d.nspecial, len(d), (n, length), generator=g)
-        t[:, -1] = d.eos()
-        return list(t)
-
-    src, tgt = sents(a.src_len), sents(a.tgt_len)
-    base = LanguagePairDataset(src, torch.full((n,), a.src_len).numpy(), d, tgt,
-                               torch.full((n,), a.tgt_len).numpy(), d, shuffle=False)
-    return base, [f"d{i // a.doc_len}" for i in range(n)], "<bench documents>"
 
 
 def test_flops_are_counted_in_the_timed_precision(monkeypatch):

@@ -68,8 +68,31 @@ def test_none_of_a_document_memory_isolates_every_sentence(mode):
         assert int(ni["mem_pos"].abs().sum()) == 0 and int(ni["query_pos"].abs().sum()) == 0
     true = ds.with_condition("true")
     _equal_batches(true, ds, [0, 1, 2, 3])
-    with pytest.raises(InputError, match="no bounded context size"):
-        ds.with_condition(ContextCondition("true", 1))
+    assert "query_window" not in true.collater([true[i] for i in range(4)])["net_input"]
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_a_size_of_a_document_memory_is_its_window(mode):
+    """A size N of a document memory keeps the memory as it is and gives
+    every query the window N (``query_window``: the memory sentences at most
+    N positions away, applied by the context layer); everything else of the
+    batch is the true condition's."""
+    ds, _, _ = synthetic([4, 5], document_context=mode, document_memory=True)
+    rows = [0, 3, 6, 8]
+    for n in (0, 2):
+        sized = ds.with_condition(ContextCondition("true", n))
+        batch = sized.collater([sized[i] for i in rows])["net_input"]
+        assert batch["query_window"].tolist() == [n] * len(rows)
+        plain = ds.collater([ds[i] for i in rows])["net_input"]
+        assert set(batch) - set(plain) == {"query_window"}
+        for k, v in plain.items():
+            assert np.array_equal(np.asarray(v), np.asarray(batch[k])), k
+        has = sized.sentences_with_context()
+        assert not has.any() if n == 0 else has.tolist() == ds.sentences_with_context().tolist()
+    # a whole-document context without a memory has no size to set
+    whole, _, _ = synthetic([4, 5], src_context_size=0, document_context="online")
+    with pytest.raises(InputError, match="whole-document context has no bounded context size"):
+        whole.with_condition(ContextCondition("true", 1))
 
 
 def test_the_task_builds_conditions_without_changing_its_options(toy_bin):

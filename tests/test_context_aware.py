@@ -13,10 +13,8 @@ import ctx_fairseq  # noqa: F401
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from ctx_fairseq.models.transformer_context_aware import (
-    ContextAwareTransformerEncoder,
-    TransformerContextAwareModel,
-)
+from ctx_fairseq.cli.arch_hooks import bench_hooks
+from ctx_fairseq.models.transformer_context_aware import ContextAwareTransformerEncoder
 from ctx_fairseq.modules.context_gate import ContextAwareEncoderLayer, ContextGate
 from fairseq_cli_utils import (
     TINY_MODEL_ARGS,
@@ -197,7 +195,7 @@ def test_bench_sample_trains():
     model, d = build(double=False)
     task = DictionaryTask(d)
     task.target_dictionary = d
-    sample = TransformerContextAwareModel.bench_sample(task, None, 3, 6, 5, 2, "cpu")
+    sample = bench_hooks("transformer_context_aware").sample(task, None, 3, 6, 5, 2, "cpu")
     assert sample["net_input"]["src_ctx_tokens"].shape == (3, 12)
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
     loss, _, _ = crit(model.train(), sample)
@@ -304,7 +302,7 @@ def test_analysis_cli(context_ckpt, toy_bin, tmp_path):
 
 
 def test_ctx_bench_runs_with_context(capsys):
-    """ctx-bench builds the model, uses bench_sample (context of doc_len
+    """ctx-bench builds the model, uses its bench hooks' sample (context of doc_len
     sentences) for training, FLOPs and beam search."""
     from ctx_fairseq.cli import bench
 

@@ -208,7 +208,7 @@ def test_training_runs_with_dropout(arch, extra, toy_bin, tmp_path, monkeypatch)
     # validation of the trained model: dropout on or off at training gives the same
     from ctx_fairseq.eval.contrastive import load_checkpoint
 
-    model, task, _ = load_checkpoint(ckpt, toy_bin, "none", cuda=False)
+    model, task, _ = load_checkpoint(ckpt, toy_bin, cuda=False)
     task.load_dataset("valid")
     ds = task.datasets["valid"]
     inner = getattr(ds, "inner", ds)

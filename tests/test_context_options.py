@@ -29,13 +29,18 @@ def test_the_defaults_are_valid_and_every_declared_option_exists():
     assert all(name in fields for name in CONTEXT_OPTIONS)
 
 
+def test_a_document_memory_takes_a_sampled_window():
+    validate_context_options(_cfg(sample_context_size=3, document_context="online",
+                                  document_memory=True))
+
+
 @pytest.mark.parametrize("options,message", [
     ({"context_dropout": 1.5}, "--context-dropout must be a probability"),
     ({"context_dropout": 0.2, "source_context_size": 0}, "--context-dropout without context"),
     ({"length_buckets": 0}, "--length-buckets must be >= 1"),
     ({"length_buckets": 2, "source_context_size": 1}, "--length-buckets groups"),
     ({"sample_context_size": 3, "source_context_size": 1}, "--sample-context-size 3 is larger"),
-    ({"sample_context_size": 1, "document_context": "online", "document_memory": True},
+    ({"sample_context_size": 1, "document_context": "online"},
      "--sample-context-size cuts a bounded context"),
     ({"concat_context_loss_weight": 0.5}, "goes with --concat-context"),
     ({"concat_context": True, "source_context_size": 0, "target_context_size": 0},

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.eval import contrastive as C
 from ctx_fairseq.eval.contrastive_suites import read_suite
 from suite_fixtures import toy_examples, write_contrapro, write_pairs, write_voita
@@ -106,14 +107,14 @@ def test_context_is_used_and_shuffled_context_differs(context_ckpt, toy_bin, toy
 
 def test_shuffled_context_is_the_same_for_every_candidate(context_ckpt, toy_bin, toy_corpus,
                                                           tmp_path):
-    model, task, cfg = C.load_checkpoint(context_ckpt[0], toy_bin, ablation="shuffled")
+    model, task, cfg = C.load_checkpoint(context_ckpt[0], toy_bin)
     from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
     import argparse
 
     p = argparse.ArgumentParser()
     add_text_unit_args(p)
     s, t = TextEncoder.pair_from_args(p.parse_args([]), task, cfg)
-    scorer = C.ContrastiveScorer(model, task, s, t)
+    scorer = C.ContrastiveScorer(model, task, s, t, condition=ContextCondition("shuffled"))
     for suite in (read_suite("toy", _jsonl(toy_corpus)),
                   read_suite("voita", write_voita(str(tmp_path / "v.json"),
                                                   toy_examples(toy_corpus, 1)))):

@@ -69,23 +69,19 @@ def cuda_archs():
     return ["transformer"] + [a for a in plugin_architectures() if not PRESET.search(a)]
 
 
-def _model_class(arch):
-    import ctx_fairseq  # noqa: F401
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    return ARCH_MODEL_REGISTRY[arch]
-
-
 def _hook(arch, name):
-    value = getattr(_model_class(arch), name, None) or []
-    return list(value(arch) if callable(value) else value)
+    """ctx-demo's ``train_args`` / ``generate_args`` of ``arch``."""
+    from ctx_fairseq.cli.arch_hooks import demo_hooks
+
+    hooks = demo_hooks(arch)
+    return hooks.train_args_for(arch) if name == "train_args" else hooks.generate_args_for(arch)
 
 
 def generation_modes(arch):
     """``{mode: fairseq-generate task options}``: ctx-demo's generation
     options; a model that reads target context translates with the references
     as target context (``gold``) and with its own translations (``own``)."""
-    argv = [a for a in (_hook(arch, "demo_generate_args") or _hook(arch, "demo_train_args"))
+    argv = [a for a in (_hook(arch, "generate_args") or _hook(arch, "train_args"))
             if a != "--own-target-context"]
     if "--target-context-size" not in argv:
         return {"plain": argv}
@@ -109,11 +105,13 @@ def test_fp16_train_generate_and_interactive_on_cuda(arch, toy_bin, toy_corpus, 
     from fairseq import checkpoint_utils
 
     init = []
-    if getattr(_model_class(arch), "demo_stage1", None):  # two-stage training
+    from ctx_fairseq.cli.arch_hooks import demo_hooks
+
+    if demo_hooks(arch).stage1:  # two-stage training
         init = ["--init-from-sentence-checkpoint", request.getfixturevalue("sentence_ckpt")]
     save = str(tmp_path / "ckpt")
     train([toy_bin, "--arch", arch, *TINY_MODEL_ARGS, "--share-all-embeddings",
-           *_hook(arch, "demo_train_args"), *init, "--fp16",
+           *_hook(arch, "train_args"), *init, "--fp16",
            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "4",
            "--save-dir", save, "--no-progress-bar", "--log-interval", "1",
            "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
@@ -130,7 +128,7 @@ def test_fp16_train_generate_and_interactive_on_cuda(arch, toy_bin, toy_corpus, 
                         "--fp16", *argv])
         hyps = hypotheses(out)
         assert len(hyps) == TEST_SENTENCES, (arch, mode, out[-2000:])
-    if "--concat-context" in _hook(arch, "demo_train_args"):
+    if "--concat-context" in _hook(arch, "train_args"):
         return  # fairseq-interactive does not take concatenated context (the task refuses)
     src = open(os.path.join(toy_corpus, "test.src")).read().splitlines()
     ids = open(os.path.join(toy_corpus, "test.docids")).read().splitlines()

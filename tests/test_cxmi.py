@@ -335,6 +335,50 @@ def test_document_memory_models(name, toy_bin, tmp_path, selective_dec_ckpt):
     assert os.path.exists(write["cxmi.json"])
 
 
+def test_a_document_memory_trained_with_a_sampled_window(toy_bin, tmp_path):
+    """An online memory model trained with --sample-context-size 2 (its
+    memory's window drawn per sentence): --context-size N scores the memory
+    sentences at most N positions away (checked sentence by sentence), the
+    curve has K+1 points, N above K is refused; without the sampled size any
+    N is taken, and the curve is refused."""
+    from ctx_fairseq.eval import cxmi
+
+    save = str(tmp_path / "ckpt")
+    train([toy_bin, *MEMORY_ARCHS["selective_doc_online"], "--task", "document_translation",
+           "--document-memory", "--sample-context-size", "2", *TINY_MODEL_ARGS,
+           "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens",
+           "600", "--max-update", "2", "--save-dir", save, "--no-progress-bar",
+           "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
+           "--disable-validation"])
+    model, task, cfg = cxmi.load(os.path.join(save, "checkpoint_last.pt"), toy_bin, cuda=False)
+    assert cxmi.trained_context_size(task) == 2
+    result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=600,
+                                  context_size=1, curve=True)
+    assert result["context_size"] == 1 and result["trained_context_size"] == 2
+    assert [p["context_size"] for p in result["curve"]] == [0, 1, 2]
+    sized = cxmi.condition_dataset(task, "test", "true", 1)
+    n = len(sized)
+    tokens = sum(len(sized.base.tgt[i]) for i in range(n))
+    true = np.array([_sentence_logprob(model, sized, i) for i in range(n)])
+    assert result["logprob_true_per_token"] == pytest.approx(true.sum() / tokens, abs=1e-5)
+    whole = cxmi.condition_dataset(task, "test", "true")
+    far = np.flatnonzero(whole.sent_pos >= 2)  # these see more than one sentence unsized
+    wide = np.array([_sentence_logprob(model, whole, int(i)) for i in far])
+    assert np.abs(wide - true[far]).max() > 1e-6  # the window changed what they saw
+    with pytest.raises(cxmi.CXMIError, match="larger than the checkpoint was trained with"):
+        cxmi.compute_cxmi(model, task, cfg, "test", ["none"], context_size=3)
+    plain = _memory_checkpoint("selective_doc_online", toy_bin, tmp_path / "plain", None)
+    model, task, cfg = cxmi.load(plain, toy_bin, cuda=False)
+    assert cxmi.trained_context_size(task) is None
+    result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=600,
+                                  context_size=5)
+    assert result["context_size"] == 5
+    assert any("window on a document memory trained on whole documents" in n
+               for n in result["notes"])
+    with pytest.raises(cxmi.CXMIError, match="--curve"):
+        cxmi.compute_cxmi(model, task, cfg, "test", ["none"], curve=True)
+
+
 def test_cli(context_ckpt, toy_bin, tmp_path, capsys):
     from ctx_fairseq.eval import cxmi
 

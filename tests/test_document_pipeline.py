@@ -22,7 +22,14 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from ctx_fairseq.data.document_dataset import DocumentContextDataset, truncate_windows
 from ctx_fairseq.models.transformer_context_aware import ContextAwareTransformerEncoder
-from fairseq_cli_utils import REPO_ROOT, TINY_MODEL_ARGS, USER_DIR, interactive, train
+from fairseq_cli_utils import (
+    REPO_ROOT,
+    TINY_MODEL_ARGS,
+    USER_DIR,
+    interactive,
+    train,
+    write_two_documents,
+)
 from test_document_task import copy_bin, setup_task
 
 DOC_ARGS = ["--task", "document_translation", "--source-context-size", "1"]
@@ -64,12 +71,8 @@ def _contexts_by_source(calls, d):
 def test_interactive_translates_documents_with_context(context_ckpt, toy_bin, toy_corpus,
                                                        tmp_path, monkeypatch, buffer_size):
     ckpt, _ = context_ckpt
-    src = open(os.path.join(toy_corpus, "test.src")).read().splitlines()
-    ids = open(os.path.join(toy_corpus, "test.docids")).read().splitlines()
-    doc1 = [s for s, i in zip(src, ids) if i == ids[0]][:3]
-    doc2 = [s for s, i in zip(src, ids) if i != ids[0]][:2]
     inp = tmp_path / "input.txt"
-    inp.write_text("\n".join(doc1) + "\n\n" + "\n".join(doc2) + "\n")
+    doc1, doc2 = write_two_documents(toy_corpus, inp)
     calls = _spy_encoder(monkeypatch)
     out = interactive([toy_bin, "--path", ckpt, *DOC_ARGS, "--source-lang", "src",
                        "--target-lang", "tgt", "--beam", "2", "--max-len-b", "10",

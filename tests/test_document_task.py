@@ -431,24 +431,23 @@ def test_sentence_level_model_with_context_is_a_clear_error(toy_bin):
 def _document_archs():
     """``(arch, task options)`` of every architecture of the plugin that reads
     the document task's context: those ctx-demo trains with ``--task
-    document_translation`` (``demo_train_args``), and those whose ``forward``
-    names a context input (which must then have the hook)."""
-    import inspect
-
+    document_translation`` (``DemoHooks.train_args``), and those whose context
+    contract declares a context input (which must then have the hook)."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    keys = {"src_ctx_tokens", "tgt_ctx_tokens", "mem_src_tokens", "mem_tgt_tokens"}
+    from ctx_fairseq.cli.arch_hooks import demo_hooks
+    from ctx_fairseq.data.contract import contract_of
+
     out = []
     for arch, cls in sorted(ARCH_MODEL_REGISTRY.items()):
         if not cls.__module__.startswith("ctx_fairseq."):
             continue
-        hook = getattr(cls, "demo_train_args", [])
-        argv = list(hook(arch) if callable(hook) else hook)
-        reads = keys & set(inspect.signature(cls.forward).parameters)
+        argv = demo_hooks(arch).train_args_for(arch)
+        reads = contract_of(cls).inputs
         if "document_translation" in argv:
             out.append((arch, argv))
         else:
-            assert not reads, (f"{arch} reads {sorted(reads)} but has no demo_train_args with "
+            assert not reads, (f"{arch} reads {sorted(reads)} but has no ctx-demo train_args with "
                                "--task document_translation: give it one (ctx-demo and this "
                                "test need its task options)")
     return out
@@ -464,9 +463,10 @@ def test_max_tokens_bounds_the_tokens_every_context_model_embeds(arch, argv):
     out, a document memory) stay within the --max-tokens of the batches the
     task makes for it. A model that lays its context out other than the task
     counts it (e.g. one row per context sentence) fails here until it declares
-    ``context_layout`` (ctx_fairseq.tasks.document_translation.model_context_layout)."""
+    ``context_layout`` (its contract: ctx_fairseq.data.contract.model_contract)."""
     from fairseq_cli_utils import TINY_MODEL_ARGS
 
+    from ctx_fairseq.data.contract import contract_of
     from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
 
     M = 300
@@ -515,6 +515,9 @@ def test_max_tokens_bounds_the_tokens_every_context_model_embeds(arch, argv):
     try:
         for sample in itr.next_epoch_itr(shuffle=False):
             counts.update(encoder=0, decoder=0)
+            # the model's contract declares every context input the task's batches carry
+            sent = set(sample["net_input"]) - {"src_tokens", "src_lengths", "prev_output_tokens"}
+            assert sent <= set(contract_of(model).inputs), (arch, sorted(sent))
             with torch.no_grad():
                 model(**sample["net_input"])
             seen += len(sample["id"])

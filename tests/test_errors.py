@@ -50,5 +50,5 @@ def test_fairseq_train_without_docids_is_one_line(toy_bin, tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
         "train: error: --arch transformer does not take document context (its forward has no "
-        "src_ctx_tokens); use a context-aware architecture or --source-context-size 0 "
-        "--target-context-size 0")
+        "src_ctx_tokens: its class declares no context_contract); use a context-aware "
+        "architecture or --source-context-size 0 --target-context-size 0")

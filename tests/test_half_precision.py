@@ -3,7 +3,7 @@
 For every architecture registered by ``ctx_fairseq`` (found in fairseq's
 registry, presets included, so that a new one is checked without being listed
 here), on one training batch that the architecture's own task makes from the
-toy corpus (``demo_train_args``: the document task and its context options for
+toy corpus (ctx-demo's ``train_args``, ``ctx_fairseq.cli.arch_hooks``: the document task and its context options for
 the context models; fairseq's translation task otherwise), with the criterion
 ctx-demo trains with (label-smoothed cross-entropy, 0.1) and dropout off:
 
@@ -42,7 +42,6 @@ import torch
 
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-from fairseq.models import ARCH_MODEL_REGISTRY
 
 import ctx_fairseq  # noqa: F401  (registers every model)
 from ctx_fairseq._registry import plugin_architectures
@@ -82,15 +81,17 @@ KNOWN_FAILURES = {}
 
 
 def _train_argv(arch, sentence_ckpt):
-    """The task options ctx-demo trains ``arch`` with (``demo_train_args``;
-    fairseq's translation task for a sentence-level model), initialised from a
-    sentence-level checkpoint where ctx-demo trains one first (``demo_stage1``)."""
-    cls = ARCH_MODEL_REGISTRY[arch]
-    hook = getattr(cls, "demo_train_args", None)
-    argv = list(hook(arch) if callable(hook) else (hook or []))
+    """The task options ctx-demo trains ``arch`` with (its ``DemoHooks``
+    ``train_args``; fairseq's translation task for a sentence-level model),
+    initialised from a sentence-level checkpoint where ctx-demo trains one
+    first (``stage1``)."""
+    from ctx_fairseq.cli.arch_hooks import demo_hooks
+
+    hooks = demo_hooks(arch)
+    argv = hooks.train_args_for(arch)
     if "--task" not in argv:
         argv = ["--task", "translation", *argv]
-    if getattr(cls, "demo_stage1", None):
+    if hooks.stage1:
         argv += ["--init-from-sentence-checkpoint", sentence_ckpt]
     return argv
 

@@ -5,7 +5,7 @@ the same batch (issue 18: no host-device synchronisation in the hot path).
 
 For every registered plugin architecture (found in the registry, so that a new
 one is checked without being listed here), tiny shape (``TINY_MODEL_ARGS``),
-with the task options ctx-demo trains it with (``demo_train_args``: ``--task
+with the task options ctx-demo trains it with (ctx-demo's ``train_args``, ``ctx_fairseq.cli.arch_hooks``: ``--task
 document_translation`` and its context options for the context models; the
 target context of generation from the references, ``--gold-target-context``):
 
@@ -161,8 +161,9 @@ def test_host_read_counter_restores_what_it_patched():
 def task_options(arch: str):
     """The task options ctx-demo trains ``arch`` with (none: ``translation``)."""
     arch = VARIANTS[arch][0] if arch in VARIANTS else arch
-    hook = getattr(ARCH_MODEL_REGISTRY[arch], "demo_train_args", None) or []
-    return list(hook(arch) if callable(hook) else hook)
+    from ctx_fairseq.cli.arch_hooks import demo_hooks
+
+    return demo_hooks(arch).train_args_for(arch)
 
 
 #: name -> (architecture, options): settings held beside the architectures' defaults

@@ -28,6 +28,15 @@ def lines(path):
         return f.read().split("\n")[:-1]
 
 
+def assert_error_at(where, what, load, *args, **kwargs):
+    """``load(*args, **kwargs)`` raises a PrepDocsError whose message starts
+    with ``where`` (the file, and line, it names) and says ``what``."""
+    with pytest.raises(PrepDocsError) as e:
+        load(*args, **kwargs)
+    assert str(e.value).startswith(where), str(e.value)
+    assert what in str(e.value)
+
+
 # ---------------------------------------------------------------- <d> format
 
 def test_doc_delimited(tmp_path):
@@ -51,10 +60,7 @@ def test_doc_delimited(tmp_path):
 def test_doc_delimited_errors(tmp_path, src, tgt, where, what):
     s = write(tmp_path / "a.en", src)
     t = write(tmp_path / "a.de", tgt)
-    with pytest.raises(PrepDocsError) as e:
-        pc.load_doc_delimited(s, t)
-    assert str(e.value).startswith(str(tmp_path / where)), str(e.value)
-    assert what in str(e.value)
+    assert_error_at(str(tmp_path / where), what, pc.load_doc_delimited, s, t)
 
 
 def test_not_utf8_names_the_line(tmp_path):
@@ -138,10 +144,8 @@ def test_sessions_file_unit(tmp_path):
 def test_sessions_errors(tmp_path, en, de, where, what):
     write(tmp_path / "en" / "s.txt", en)
     write(tmp_path / "de" / "s.txt", de)
-    with pytest.raises(PrepDocsError) as e:
-        pc.load_aligned_sessions(str(tmp_path / "en"), str(tmp_path / "de"))
-    assert str(e.value).startswith(str(tmp_path / where)), str(e.value)
-    assert what in str(e.value)
+    assert_error_at(str(tmp_path / where), what, pc.load_aligned_sessions,
+                    str(tmp_path / "en"), str(tmp_path / "de"))
 
 
 def test_sessions_missing_file(tmp_path):
@@ -277,10 +281,8 @@ def test_opus_errors(tmp_path, links, line, what):
     opus_fixture(tmp_path)
     ali = write(tmp_path / "bad.xml", alignment([("en/1999/123/42.xml.gz", "ru/1999/123/77.xml.gz",
                                                    links)]))
-    with pytest.raises(PrepDocsError) as e:
-        pc.load_opus(ali, [str(tmp_path / "docs")], "en", "ru", min_overlap=0.5)
-    assert str(e.value).startswith(f"{ali}:{line}: "), str(e.value)
-    assert what in str(e.value)
+    assert_error_at(f"{ali}:{line}: ", what, pc.load_opus, ali, [str(tmp_path / "docs")], "en",
+                    "ru", min_overlap=0.5)
 
 
 def test_opus_structural_errors(tmp_path):

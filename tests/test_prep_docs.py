@@ -785,6 +785,8 @@ def test_sgml_tolerant(tmp_path, capsys):
     assert read_lines(prefix + ".docids") == ["bbc.1"] * 3 + ["cnn.2"] * 4
     assert pd.read_sgml_documents(src)[1] == ("cnn.2", [("1", SGM_EN[3]), ("2", SGM_EN[4]),
                                                         ("3", SGM_EN[5]), ("4", SGM_EN[6])])
+    with pytest.raises(ValueError, match="entities must be one of"):
+        pd.read_sgml_documents(src, entities="latin1")
     # the same files are not XML: xml mode fails and points to sgml mode
     out_dir = tmp_path / "x"
     assert_error(xml_args(src, tgt, str(out_dir / "t")), capsys, out_dir, src, 4, "malformed XML",
@@ -797,6 +799,9 @@ def test_unescape_entities():
     assert u("AT&T & R&D &amp;amp; &copy &foo; &#0; &#xD800; &#99999999;") == \
         "AT&T & R&D &amp; &copy &foo; &#0; &#xD800; &#99999999;"
     assert u("&eacute;t&eacute;&nbsp;") == "été\xa0"
+    # entities="xml": the five XML entities only (the sentence-level recipes' .sgm text)
+    assert u("a &amp;lt; &lt;&gt;&quot;&apos; &#39; &nbsp; AT&T &AMP;", "xml") == \
+        "a &lt; <>\"' &#39; &nbsp; AT&T &AMP;"
 
 
 def test_sgml_pair_errors(tmp_path, capsys):
@@ -869,6 +874,17 @@ def test_tags_mode(tmp_path, capsys):
     assert read_lines(prefix + ".de")[3] == "b1 (de)"  # titles/descriptions are metadata
     docs, replaced, skipped = pd.load_tags(src, tgt)
     assert [d for d, _ in docs] == ["1", "2", "1441"] and skipped == [] and replaced == 0
+
+
+def test_tags_universal_newlines(tmp_path):
+    """A stray \\r inside a transcript line: a line break for fairseq-preprocess's
+    reading (the default), a space when lines end at \\n only."""
+    src = write(tmp_path / "s.en", "<talkid>1</talkid>\nfirst\rsecond\nthird\n")
+    tgt = write(tmp_path / "s.de", "<talkid>1</talkid>\nerste zweite\ndritte\n")
+    with pytest.raises(pd.PrepDocsError, match="file ends after 3 lines; expected 4"):
+        pd.load_tags(src, tgt)
+    docs, replaced, _ = pd.load_tags(src, tgt, universal_newlines=False)
+    assert docs == [("1", [("first second", "erste zweite"), ("third", "dritte")])] and replaced == 1
 
 
 def test_tags_docid_lines_closing_tags_and_talks_without_text(tmp_path, capsys):

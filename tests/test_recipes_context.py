@@ -1,8 +1,9 @@
 """The document-level corpus recipes (recipes/{news_commentary_v11_en_de,
 europarl_v7_en_de,opensubtitles2018_en_ru}/run.sh, shared steps in
-recipes/lib/steps_context.sh): syntax, the smoke runs on a few lines written
-here (no network), re-runs skip finished steps, and an offline full run stops
-at the download step with a clear message and leaves no partial files."""
+recipes/lib/steps_context.sh): the smoke runs on a few lines written here (no
+network), re-runs skip finished steps, and an offline full run stops at the
+download step with a clear message and leaves no partial files. Their syntax
+(bash -n, shellcheck): tests/test_recipes_lib.py, for every recipes/**/*.sh."""
 
 import json
 import os
@@ -16,7 +17,6 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = {name: os.path.join(REPO, "recipes", name, "run.sh")
            for name in ("news_commentary_v11_en_de", "europarl_v7_en_de", "opensubtitles2018_en_ru")}
-LIB = os.path.join(REPO, "recipes", "lib", "steps_context.sh")
 
 # English/German/Russian toy sentences: enough repeated words for BPE, truecasing
 # and a few training updates; the content does not matter.
@@ -177,22 +177,7 @@ def files_under(path):
     return sorted(out)
 
 
-# --------------------------------------------------------------------- syntax
-
-@pytest.mark.parametrize("script", [*RECIPES.values(), LIB], ids=os.path.basename)
-def test_bash_syntax(script):
-    r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-
-
-def test_shellcheck():
-    exe = shutil.which("shellcheck")
-    if exe is None:
-        pytest.skip("shellcheck is not installed; bash -n checks the recipes")
-    r = subprocess.run([exe, "-x", "-S", "warning", *RECIPES.values(), LIB], capture_output=True,
-                       text=True, cwd=REPO)
-    assert r.returncode == 0, r.stdout + r.stderr
-
+# --------------------------------------------------------------------- runs
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_help_and_smoke_needs_raw(recipe, tmp_path):

@@ -106,7 +106,7 @@ def test_training_split_only_and_options(toy_bin):
     (["--source-context-size", "0"], "sentence-level setting"),
     (["--source-context-size", "1", "--sample-context-size", "2"], "larger than the context size"),
     (["--source-context-size", "1", "--context-direction", "both"], "counts previous sentences"),
-    (["--document-context", "online", "--document-memory"], "document memory"),
+    (["--document-context", "online"], "whole-document context"),
 ])
 def test_errors(toy_bin, extra, match):
     args = ["--sample-context-size", "1"] + extra if "--sample-context-size" not in extra \
@@ -167,3 +167,24 @@ def test_empty_context_for_any_direction(direction):
         assert _n_sentences(ds[i]["src_ctx"], eos, eos) == 0
     with pytest.raises(ValueError, match="counts previous sentences"):
         synthetic([6, 6], src_context_size=1, direction=direction, context_size=1)
+
+
+def test_a_document_memory_samples_its_window(toy_bin):
+    """--sample-context-size K with a document memory: per training sentence
+    and epoch a window k in 0..K (query_window: the memory sentences at most
+    k positions away), drawn as the bounded contexts' sizes are; the memory
+    itself is unchanged, and validation gets no window."""
+    task = setup_task(toy_bin, "--document-context", "online", "--document-memory",
+                      "--sample-context-size", "2")
+    task.load_dataset("train", data_selector=None)
+    task.load_dataset("valid")
+    train, valid = task.datasets["train"], task.datasets["valid"]
+    rows = list(range(12))
+    batch = train.collater([train[i] for i in rows])
+    w = batch["net_input"]["query_window"].tolist()
+    ids = batch["id"].tolist()  # the collater's row order
+    assert w == [train.context_cap(i) for i in ids] and set(w) <= {0, 1, 2} and len(set(w)) > 1
+    assert train.collater([train[i] for i in rows])["net_input"]["query_window"].tolist() == w
+    train.set_epoch(2)
+    assert [train.context_cap(i) for i in ids] != w  # new draws every epoch
+    assert "query_window" not in valid.collater([valid[i] for i in rows])["net_input"]

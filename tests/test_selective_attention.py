@@ -94,13 +94,14 @@ def run(m, mem: Mem, q, qd, qp, online, **kw):
     return m(q, pm, qd, qp, online, **kw)
 
 
-def visible(mem: Mem, doc: int, pos: int, online: bool) -> List[int]:
+def visible(mem: Mem, doc: int, pos: int, online: bool, window: int = None) -> List[int]:
     return [s for s in range(mem.keys.size(0))
             if int(mem.doc[s]) == doc and bool(mem.mask[s].any())
-            and (int(mem.pos[s]) < pos if online else int(mem.pos[s]) != pos)]
+            and (int(mem.pos[s]) < pos if online else int(mem.pos[s]) != pos)
+            and (window is None or abs(pos - int(mem.pos[s])) <= window)]
 
 
-def reference(m: HierarchicalContextAttention, mem: Mem, q, qd, qp, online):
+def reference(m: HierarchicalContextAttention, mem: Mem, q, qd, qp, online, windows=None):
     """Eq. 3-6 written per (query sentence, token, head) over the visible
     sentences only (no masking tricks)."""
     def lin(layer, x):
@@ -114,7 +115,8 @@ def reference(m: HierarchicalContextAttention, mem: Mem, q, qd, qp, online):
     n_dist = getattr(m, "sentence_distance", 0)
     out = torch.zeros(T, B, C, dtype=DT)
     for b in range(B):
-        vis = visible(mem, int(qd[b]), int(qp[b]), online)
+        vis = visible(mem, int(qd[b]), int(qp[b]), online,
+                      None if windows is None else int(windows[b]))
         if not vis:
             continue
         words = [mem.mask[j].nonzero().squeeze(1) for j in vis]
@@ -217,6 +219,37 @@ def test_matches_naive_reference(mode, selective, online):
     assert info["has_context"].tolist() == want
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["per-query", "grouped"])
+@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_query_window_matches_naive_reference(mode, online, grouped):
+    """A per-query window (a scorer's --context-size N, --sample-context-size's
+    draw for a document memory) keeps the memory sentences at most that many
+    positions away, exactly: the reference over those sentences only; window
+    0 is the empty context (output 0, no context); gradients stay finite."""
+    att, sa, wa = mode
+    m = build(att, sa, wa)
+    mem = make_memory(DOCS, empty=(8,))
+    q, qd, qp = make_queries(SPEC)
+    B = qd.numel()
+    for windows in (torch.zeros(B, dtype=torch.long), torch.ones(B, dtype=torch.long),
+                    torch.arange(B) % 3, torch.full((B,), 1000)):
+        pm = m.project_memory(*mem.args())
+        qq = q.clone().requires_grad_()
+        out, info = group_run(m, pm, qq, qd, qp, online, grouped, query_window=windows)
+        torch.testing.assert_close(out, reference(m, mem, q, qd, qp, online, windows),
+                                   rtol=0, atol=1e-12)
+        want = [bool(visible(mem, int(d), int(p), online, int(w)))
+                for d, p, w in zip(qd, qp, windows)]
+        assert info["has_context"].tolist() == want
+        out.sum().backward()
+        assert torch.isfinite(qq.grad).all()
+    # a window as large as the document is the paper's whole document, bitwise
+    full, _ = run(m, mem, q, qd, qp, online)
+    wide, _ = run(m, mem, q, qd, qp, online, query_window=torch.full((B,), 1000))
+    assert torch.equal(full, wide)
+
+
 # ----------------------------------------------------- selective == dense
 def group_run(m, pm, q, qd, qp, online, grouped, **kw):
     """``m`` on the queries per query sentence or per document (the collater's
@@ -224,6 +257,31 @@ def group_run(m, pm, q, qd, qp, online, grouped, **kw):
     if grouped:
         kw["query_groups"] = m.group_queries(pm, qd)
     return m(q, pm, qd, qp, online, **kw)
+
+
+def forward_backward(m, mem: Mem, q, qd, qp, online, grouped=False, **kw):
+    """``(out, info, grads)``: ``m`` (:func:`group_run`) on leaf copies of the
+    queries and of the memory's keys and values, then the backward pass of a
+    fixed random projection of the output (seed 9); ``grads``: the gradients
+    of the parameters (by name) and of ``query``, ``keys`` and ``values``."""
+    qq = q.clone().requires_grad_()
+    keys, values = mem.keys.clone().requires_grad_(), mem.values.clone().requires_grad_()
+    pm = m.project_memory(keys, values, mem.mask, mem.doc, mem.pos)
+    out, info = group_run(m, pm, qq, qd, qp, online, grouped, **kw)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=DT)
+    (out * w).sum().backward()
+    grads = {n: p.grad for n, p in m.named_parameters()}
+    grads.update(query=qq.grad, keys=keys.grad, values=values.grad)
+    return out, info, grads
+
+
+def assert_same_gradients(g, g_ref):
+    """Gradients of the same names as ``g_ref``'s, each finite and equal to
+    it (float64, 1e-10)."""
+    assert set(g) == set(g_ref)
+    for k in g:
+        assert torch.isfinite(g[k]).all()
+        torch.testing.assert_close(g[k], g_ref[k], rtol=0, atol=1e-10, msg=k)
 
 
 @pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
@@ -245,16 +303,9 @@ def test_selective_equals_dense_values_and_gradients(word_attn, online):
                                      (True, True, True), (True, True, False)):
         kw = dict(word_block=1, tile_elems=1) if tiny else {}
         m = build("hierarchical", "sparsemax", word_attn, selective=selective, **kw)
-        qq = q.clone().requires_grad_()
-        keys, values = mem.keys.clone().requires_grad_(), mem.values.clone().requires_grad_()
-        pm = m.project_memory(keys, values, mem.mask, mem.doc, mem.pos)
-        out, info = group_run(m, pm, qq, qd, qp, online, grouped, query_padding_mask=pad,
-                              need_weights=True, need_word_weights=True, return_stats=True)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=DT)
-        (out * w).sum().backward()
-        grads = {n: p.grad for n, p in m.named_parameters()}
-        grads.update(query=qq.grad, keys=keys.grad, values=values.grad)
-        results.append((out, info, grads))
+        results.append(forward_backward(m, mem, q, qd, qp, online, grouped,
+                                        query_padding_mask=pad, need_weights=True,
+                                        need_word_weights=True, return_stats=True))
     o_d, i_d, g_d = results[0]
     assert 1.0 < float(i_d["sentence_support"]) < float(i_d["visible_sentences"])
     for o, i, g in results[1:]:
@@ -266,10 +317,7 @@ def test_selective_equals_dense_values_and_gradients(word_attn, online):
                                        rtol=0, atol=1e-10)
         for k in ("sentence_support", "word_support", "num_support_pairs", "word_overflow_sum"):
             torch.testing.assert_close(i[k], i_d[k], rtol=0, atol=1e-10)
-        assert set(g) == set(g_d)
-        for k in g:
-            assert torch.isfinite(g[k]).all()
-            torch.testing.assert_close(g[k], g_d[k], rtol=0, atol=1e-10, msg=k)
+        assert_same_gradients(g, g_d)
 
 
 # ------------------------------------------------------------- visibility
@@ -759,24 +807,14 @@ def test_distance_bias_selective_equals_dense(word_attn, online):
                           bias_scale=1.5)
         if selective:  # one-sentence blocks, one-row tiles
             m.word_block = m.tile_elems = 1
-        qq = q.clone().requires_grad_()
-        keys, values = mem.keys.clone().requires_grad_(), mem.values.clone().requires_grad_()
-        pm = m.project_memory(keys, values, mem.mask, mem.doc, mem.pos)
-        out, info = m(qq, pm, qd, qp, online, need_weights=True, return_stats=True)
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=DT)
-        (out * w).sum().backward()
-        grads = {n: p.grad for n, p in m.named_parameters()}
-        grads.update(query=qq.grad, keys=keys.grad, values=values.grad)
-        results.append((out, info, grads))
+        results.append(forward_backward(m, mem, q, qd, qp, online, need_weights=True,
+                                        return_stats=True))
     (o_s, i_s, g_s), (o_d, i_d, g_d) = results
     assert 1.0 < float(i_s["sentence_support"]) < float(i_s["visible_sentences"])
     torch.testing.assert_close(o_s, o_d, rtol=0, atol=1e-10)
     torch.testing.assert_close(i_s["sent_weights"], i_d["sent_weights"], rtol=0, atol=1e-10)
-    assert set(g_s) == set(g_d) and "distance_bias" in g_s
-    assert g_s["distance_bias"].abs().sum() > 0
-    for k in g_s:
-        assert torch.isfinite(g_s[k]).all()
-        torch.testing.assert_close(g_s[k], g_d[k], rtol=0, atol=1e-10, msg=k)
+    assert "distance_bias" in g_s and g_s["distance_bias"].abs().sum() > 0
+    assert_same_gradients(g_s, g_d)
 
 
 @pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])

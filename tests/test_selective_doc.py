@@ -9,7 +9,6 @@ query-encoding reuse, empty memories, clear errors and fairseq-interactive."""
 
 import os
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,11 +21,11 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerEncoderBase
 
+from ctx_fairseq.data.contract import TaskContextOptions
 from ctx_fairseq.data.document_dataset import DocumentContextDataset, memory_batches
 from ctx_fairseq.models.transformer_selective_doc import (
     SelectiveDocDecoder,
     SelectiveDocEncoder,
-    TransformerSelectiveDocModel,
 )
 from ctx_fairseq.modules.sentence_cache import SentenceStateCache
 from fairseq_cli_utils import (
@@ -37,6 +36,7 @@ from fairseq_cli_utils import (
     interactive,
     loaded_and_fresh,
     train_and_generate,
+    write_two_documents,
 )
 
 VOCAB = 40
@@ -50,13 +50,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _Task:
-    """What build_model reads from a document_translation task."""
+    """What build_model reads from a document_translation task: its context
+    options (``ctx_fairseq.data.contract.task_options``) and dictionaries."""
 
     def __init__(self, d, mode="online", target_context=0, left_pad_source=True, memory=True):
         self.source_dictionary = self.target_dictionary = d
-        self.cfg = SimpleNamespace(document_context=mode, document_memory=memory,
-                                   target_context_size=target_context,
-                                   left_pad_source=left_pad_source)
+        self.options = TaskContextOptions(document_context=mode, document_memory=memory,
+                                          target_context_size=target_context,
+                                          left_pad_source=left_pad_source)
+
+    def context_options_for_models(self):
+        return self.options
 
 
 def build(extra=(), integration="encoder", mode="online", double=True, left_pad_source=True,
@@ -270,6 +274,37 @@ def test_incremental_equals_full_forward_with_beam_reorder(extra, mode, monkeypa
     # the queries follow the beam, the memory (per document) does not
     assert torch.equal(enc2["query_doc"][0], enc["query_doc"][0][order])
     assert enc2["mem_encoder_out"][0] is enc["mem_encoder_out"][0]
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_a_query_window_follows_the_beam_in_incremental_decoding(mode, monkeypatch):
+    """Decoder integration with per-query windows (``query_window``: a scored
+    context size or a sampled one): step by step equals the full forward
+    after beam reorders, the windows follow the beam, and they change what
+    the queries see."""
+    model, d = build([], integration="decoder", mode=mode)
+    data = corpus(d, [4, 3])
+    ni = collate(d, data, [1, 2, 3, 5, 6], mode, "decoder")["net_input"]
+    bsz, beam, split = ni["src_tokens"].size(0), 2, 3
+    g = torch.Generator().manual_seed(4)
+    prev = torch.randint(d.nspecial, len(d), (bsz * beam, 7), generator=g)
+    prev[:, 0] = d.eos()
+    order = torch.tensor([1, 1, 2, 3, 5, 4, 6, 6, 9, 8])
+    windowed = dict(ni, query_window=torch.tensor([0, 1, 2, 1, 0]))
+    with torch.no_grad():
+        outs = {}
+        for name, inputs in (("whole", ni), ("window", windowed)):
+            enc = model.encoder(**enc_input(inputs))
+            enc = model.encoder.reorder_encoder_out(enc, torch.arange(bsz).repeat_interleave(beam))
+            steps, prev2, enc2 = decode_with_reorder(model, enc, prev, split, order)
+            full1, _ = model.decoder(prev, enc)
+            full2, _ = model.decoder(prev2, enc2)
+            assert (steps[:, :split] - full1[:, :split]).abs().max() < 1e-6
+            assert (steps[:, split:] - full2[:, split:]).abs().max() < 1e-6
+            outs[name] = full1
+            if name == "window":
+                assert torch.equal(enc2["query_window"][0], enc["query_window"][0][order])
+    assert (outs["whole"] - outs["window"]).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("extra", [[], ["--context-memory", "frozen"]],
@@ -1109,12 +1144,8 @@ def test_interactive_with_encoder_integration(cli_run, toy_bin, toy_corpus, tmp_
     """fairseq-interactive reads documents line by line; the task restores the
     memory inputs: each sentence sees the previous ones of its document."""
     ckpt, _ = cli_run("enc-online-sparse-soft")
-    src = open(os.path.join(toy_corpus, "test.src")).read().splitlines()
-    ids = open(os.path.join(toy_corpus, "test.docids")).read().splitlines()
-    doc1 = [s for s, i in zip(src, ids) if i == ids[0]][:3]
-    doc2 = [s for s, i in zip(src, ids) if i != ids[0]][:2]
     inp = tmp_path / "input.txt"
-    inp.write_text("\n".join(doc1) + "\n\n" + "\n".join(doc2) + "\n")
+    doc1, doc2 = write_two_documents(toy_corpus, inp)
     d = Dictionary.load(os.path.join(toy_bin, "dict.src.txt"))
     seen = {}
     real = SelectiveDocEncoder.forward
@@ -1143,6 +1174,8 @@ def test_interactive_with_encoder_integration(cli_run, toy_bin, toy_corpus, tmp_
 
 
 def test_presets_and_demo_hooks():
+    from ctx_fairseq.cli.arch_hooks import demo_hooks
+
     for arch, integration in ((ARCH, "encoder"), ("transformer_selective_doc_dec", "decoder")):
         args = options.parse_args_and_arch(options.get_training_parser(),
                                            ["/dev/null", "--arch", arch])
@@ -1151,16 +1184,16 @@ def test_presets_and_demo_hooks():
             "hierarchical", "sparsemax", "softmax")
         # the paper's model by default (Sec. 3.3): the stage-1 model's states, no distance bias
         assert args.context_memory == "frozen" and args.doc_sentence_distance == 0
-        train_args = TransformerSelectiveDocModel.demo_train_args(arch)
+        train_args = demo_hooks(arch).train_args_for(arch)
         assert "--document-memory" in train_args
         assert ("--target-context-size" in train_args) == (integration == "decoder")
     model, _ = build(double=False)
     assert not model.uses_target_context
     model, _ = build(integration="decoder", double=False)
     assert model.uses_target_context
-    from ctx_fairseq._registry import default_demo_archs
+    from ctx_fairseq.cli.arch_hooks import default_demo_archs
 
-    assert TransformerSelectiveDocModel.demo_archs == [ARCH, "transformer_selective_doc_dec"]
+    assert demo_hooks(ARCH).archs == [ARCH, "transformer_selective_doc_dec"]
     assert {ARCH, "transformer_selective_doc_dec"} <= set(default_demo_archs())
 
 

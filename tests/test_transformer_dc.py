@@ -29,7 +29,16 @@ from ctx_fairseq.modules.dual_context import (
 )
 from ctx_fairseq.modules.layer_spec import format_layer_spec, parse_layer_spec
 from ctx_fairseq.modules.local_context import LocalContextUnit
-from fairseq_cli_utils import TINY_MODEL_ARGS, decode_with_reorder, hypotheses, train_and_generate
+from fairseq_cli_utils import (
+    TINY_MODEL_ARGS,
+    assert_translates_test_split,
+    decode_with_reorder,
+    hypotheses,
+    states_from_sentence_checkpoint,
+    train_and_generate,
+    train_from_sentence_checkpoint,
+    training_task_and_cfg,
+)
 
 VOCAB = 40
 
@@ -447,13 +456,8 @@ SENTENCE_LEVEL = ["--task", "document_translation", "--source-context-size", "0"
 
 
 def _task_and_cfg(toy_bin, arch, *extra):
-    from fairseq import tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        toy_bin, "--arch", arch, *SENTENCE_LEVEL, *TINY_MODEL_ARGS, *extra])
-    cfg = convert_namespace_to_omegaconf(args)
-    return tasks.setup_task(cfg.task), cfg
+    return training_task_and_cfg([toy_bin, "--arch", arch, *SENTENCE_LEVEL, *TINY_MODEL_ARGS,
+                                  *extra])
 
 
 @pytest.mark.parametrize("arch", ["transformer_dc", "transformer_dc_full"])
@@ -463,20 +467,10 @@ def test_init_from_sentence_checkpoint(toy_bin, sentence_ckpt, arch, caplog):
     Context Units and local attentions keep their initialisation (equal to
     those of a model built with the same seed without the checkpoint); the
     log names the renamed and the new tensors."""
-    import logging
-
-    from fairseq import checkpoint_utils
-
     from ctx_fairseq.models.transformer_dc import is_dc_tensor, transformer_name
 
     task, cfg = _task_and_cfg(toy_bin, arch, "--init-from-sentence-checkpoint", sentence_ckpt)
-    torch.manual_seed(3)
-    with caplog.at_level(logging.INFO):
-        model = task.build_model(cfg.model)
-    torch.manual_seed(3)
-    plain = task.build_model(cfg.model, from_checkpoint=True)  # the initialisation alone
-    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
-    ours, init = model.state_dict(), plain.state_dict()
+    ours, init, theirs = states_from_sentence_checkpoint(task, cfg, sentence_ckpt, caplog)
     new = [n for n in ours if is_dc_tensor(n)]
     shared = [n for n in ours if not is_dc_tensor(n)]
     assert {transformer_name(n) for n in shared} == set(theirs)  # every one, each once
@@ -500,28 +494,17 @@ def test_init_from_sentence_checkpoint(toy_bin, sentence_ckpt, arch, caplog):
 def test_init_from_sentence_checkpoint_then_training_continues(toy_bin, sentence_ckpt, tmp_path):
     """fairseq-train from the stage-1 checkpoint: training runs, moves the
     loaded parameters, and the saved model generates."""
-    from fairseq import checkpoint_utils
-
-    from fairseq_cli_utils import generate, train
-
     save = str(tmp_path / "dc")
-    train([toy_bin, "--arch", "transformer_dc", *SENTENCE_LEVEL, *TINY_MODEL_ARGS,
-           "--init-from-sentence-checkpoint", sentence_ckpt, "--optimizer", "adam",
-           "--lr", "1e-3", "--max-tokens", "500", "--max-update", "3", "--save-dir", save,
-           "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
-           "--disable-validation"])
-    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(save, "checkpoint_last.pt"))
-    assert state["optimizer_history"][-1]["num_updates"] == 3
-    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    state, theirs = train_from_sentence_checkpoint(
+        [toy_bin, "--arch", "transformer_dc", *SENTENCE_LEVEL, *TINY_MODEL_ARGS], sentence_ckpt,
+        save)
     w = state["model"]["encoder.layers.0.self_attn.global_attn.q_proj.weight"]
     assert torch.isfinite(w).all()
     start = theirs["encoder.layers.0.self_attn.q_proj.weight"]
     assert not torch.equal(w.float(), start.float())  # trained from there
     assert (w.float() - start.float()).abs().max() < 0.05  # (3 steps of lr 1e-3)
-    out = generate([toy_bin, "--path", os.path.join(save, "checkpoint_last.pt"),
-                    *SENTENCE_LEVEL[:4], "--beam", "2", "--max-tokens", "500",
-                    "--gen-subset", "test", "--num-workers", "0"])
-    assert len(hypotheses(out)) == sum(1 for _ in open(os.path.join(toy_bin, "test.docids")))
+    assert_translates_test_split(toy_bin, os.path.join(save, "checkpoint_last.pt"),
+                                 SENTENCE_LEVEL[:4])
 
 
 def test_init_from_an_incompatible_checkpoint_is_an_error(toy_bin, sentence_ckpt, tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ctx_fairseq  # noqa: F401  (registers the model and the task)
+from ctx_fairseq.cli.arch_hooks import bench_hooks
 from fairseq import checkpoint_utils, options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_MODEL_REGISTRY
@@ -517,11 +518,12 @@ def test_presets_and_demo_hooks():
                 args.decoder_ffn_embed_dim) == (dim, layers, heads, ffn)
         assert (args.context_encoder_layers, args.context_integration,
                 args.context_combine, args.freeze_sentence_level) == (1, "both", "gate", False)
-    cls = TransformerDocZhang2018Model
-    assert cls.demo_stage1 == "transformer"
-    assert cls.demo_train_args == ZHANG_ARGS + ["--freeze-sentence-level"]
-    assert cls.demo_generate_args == ZHANG_ARGS
-    from ctx_fairseq._registry import default_demo_archs
+    from ctx_fairseq.cli.arch_hooks import default_demo_archs, demo_hooks
+
+    hooks = demo_hooks(ARCH)
+    assert hooks.stage1 == "transformer"
+    assert hooks.train_args_for(ARCH) == ZHANG_ARGS + ["--freeze-sentence-level"]
+    assert hooks.generate_args_for(ARCH) == ZHANG_ARGS
 
     assert ARCH in default_demo_archs()
 
@@ -556,7 +558,7 @@ def test_criterion_logs_the_statistics():
 
     model, d = build(double=False)
     task = DictionaryTask(d)
-    sample = TransformerDocZhang2018Model.bench_sample(task, None, 3, 6, 5, 2, "cpu")
+    sample = bench_hooks(ARCH).sample(task, None, 3, 6, 5, 2, "cpu")
     crit = LabelSmoothedCrossEntropyCtxCriterion(task, sentence_avg=False, label_smoothing=0.1)
     _, _, log = crit(model.train(), sample)
     assert list(statistic_names([log])) == ["gate_enc", "gate_dec", "ctx_frac"]
@@ -569,7 +571,7 @@ def test_bench_sample_trains():
 
     model, d = build(double=False)
     task = DictionaryTask(d)
-    sample = TransformerDocZhang2018Model.bench_sample(task, None, 3, 6, 5, 2, "cpu")
+    sample = bench_hooks(ARCH).sample(task, None, 3, 6, 5, 2, "cpu")
     ni = sample["net_input"]
     assert ni["src_ctx_tokens"].shape == (3, 12) and ni["prev_output_tokens"][0, 0] == d.eos()
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)

@@ -14,8 +14,8 @@ import ctx_fairseq  # noqa: F401
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
+from ctx_fairseq.cli.arch_hooks import bench_hooks, demo_hooks
 from ctx_fairseq.models.transformer_dc import _dummy_dictionary
-from ctx_fairseq.models.transformer_han import TransformerHANModel
 from ctx_fairseq.modules.han_attention import (
     HierarchicalContextAttention,
     decoder_inputs,
@@ -796,7 +796,7 @@ def test_bench_sample_trains():
 
     model, d = build(double=False)
     task = DictionaryTask(d)
-    sample = TransformerHANModel.bench_sample(task, model.args, 3, 6, 5, 1, "cpu")
+    sample = bench_hooks("transformer_han").sample(task, model.args, 3, 6, 5, 1, "cpu")
     assert sample["net_input"]["src_ctx_tokens"].shape == (3, 18)
     assert sample["net_input"]["tgt_ctx_tokens"].shape == (3, 15)
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
@@ -808,12 +808,13 @@ def test_bench_sample_trains():
 
 
 def test_demo_hooks():
-    cls = TransformerHANModel
-    assert cls.demo_archs == ["transformer_han"] and cls.demo_stage1 == "transformer"
-    assert cls.demo_train_args("transformer_han") == HAN_ARGS
-    assert cls.demo_generate_args("transformer_han_enc") == HAN_ENC_ARGS
-    assert cls.demo_generate_command("transformer_han_enc", "py", "D", "C", "O") is None
-    cmd = cls.demo_generate_command("transformer_han", "py", "D", "C", "O", first_pass="S")
+    hooks = demo_hooks("transformer_han")
+    assert hooks is demo_hooks("transformer_han_enc")  # one model, its presets
+    assert hooks.archs == ["transformer_han"] and hooks.stage1 == "transformer"
+    assert hooks.train_args_for("transformer_han") == HAN_ARGS
+    assert hooks.generate_args_for("transformer_han_enc") == HAN_ENC_ARGS
+    assert hooks.generate_command("transformer_han_enc", "py", "D", "C", "O") is None
+    cmd = hooks.generate_command("transformer_han", "py", "D", "C", "O", first_pass="S")
     assert "ctx_fairseq.cli.iterative_decode" in cmd
     assert cmd[cmd.index("--first-pass-path") + 1] == "S"
     assert cmd[cmd.index("--") + 1:] == HAN_ARGS

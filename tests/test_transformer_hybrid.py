@@ -27,7 +27,15 @@ from ctx_fairseq.modules.hybrid_attention import (
     HybridAttentionConfig,
     HybridMultiheadAttention,
 )
-from fairseq_cli_utils import hypotheses, train, train_and_generate
+from fairseq_cli_utils import (
+    assert_translates_test_split,
+    hypotheses,
+    states_from_sentence_checkpoint,
+    train,
+    train_and_generate,
+    train_from_sentence_checkpoint,
+    training_task_and_cfg,
+)
 
 D, HEADS = 16, 2
 
@@ -551,15 +559,10 @@ SENTENCE_LEVEL = ["--task", "document_translation", "--source-context-size", "0"
 
 
 def _task_and_cfg(toy_bin, *extra):
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
     from fairseq_cli_utils import TINY_MODEL_ARGS
 
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        toy_bin, "--arch", "transformer_hybrid", *SENTENCE_LEVEL, *TINY_MODEL_ARGS, *extra])
-    cfg = convert_namespace_to_omegaconf(args)
-    return tasks.setup_task(cfg.task), cfg
+    return training_task_and_cfg([toy_bin, "--arch", "transformer_hybrid", *SENTENCE_LEVEL,
+                                  *TINY_MODEL_ARGS, *extra])
 
 
 @pytest.mark.parametrize("extra", [[], ["--hybrid-mode", "concat", "--hybrid-decoder-layers",
@@ -571,20 +574,10 @@ def test_init_from_sentence_checkpoint(toy_bin, sentence_ckpt, extra, caplog):
     name; the gates, local projections and position predictors keep their
     initialisation (equal to those of a model built with the same seed
     without the checkpoint); the log names the new tensors."""
-    import logging
-
-    from fairseq import checkpoint_utils
-
     from ctx_fairseq.models.transformer_hybrid import is_hybrid_tensor
 
     task, cfg = _task_and_cfg(toy_bin, *extra, "--init-from-sentence-checkpoint", sentence_ckpt)
-    torch.manual_seed(3)
-    with caplog.at_level(logging.INFO):
-        model = task.build_model(cfg.model)
-    torch.manual_seed(3)
-    plain = task.build_model(cfg.model, from_checkpoint=True)  # the initialisation alone
-    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
-    ours, init = model.state_dict(), plain.state_dict()
+    ours, init, theirs = states_from_sentence_checkpoint(task, cfg, sentence_ckpt, caplog)
     new = [n for n in ours if is_hybrid_tensor(n)]
     shared = [n for n in ours if not is_hybrid_tensor(n)]
     assert set(shared) == set(theirs)  # every one
@@ -606,29 +599,20 @@ def test_init_from_sentence_checkpoint_then_training_continues(toy_bin, sentence
     loaded parameters and the gate, and the saved model generates."""
     import os
 
-    from fairseq import checkpoint_utils
-
-    from fairseq_cli_utils import TINY_MODEL_ARGS, generate
+    from fairseq_cli_utils import TINY_MODEL_ARGS
 
     save = str(tmp_path / "hybrid")
-    train([toy_bin, "--arch", "transformer_hybrid", *SENTENCE_LEVEL, *TINY_MODEL_ARGS,
-           "--init-from-sentence-checkpoint", sentence_ckpt, "--optimizer", "adam",
-           "--lr", "1e-3", "--max-tokens", "500", "--max-update", "3", "--save-dir", save,
-           "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0",
-           "--disable-validation"])
-    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(save, "checkpoint_last.pt"))
-    assert state["optimizer_history"][-1]["num_updates"] == 3
-    theirs = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"]
+    state, theirs = train_from_sentence_checkpoint(
+        [toy_bin, "--arch", "transformer_hybrid", *SENTENCE_LEVEL, *TINY_MODEL_ARGS],
+        sentence_ckpt, save)
     name = "encoder.layers.0.self_attn.q_proj.weight"
     w, start = state["model"][name].float(), theirs[name].float()
     assert torch.isfinite(w).all() and not torch.equal(w, start)
     assert (w - start).abs().max() < 0.05  # trained from there (3 steps of lr 1e-3)
     gate = state["model"]["encoder.layers.0.self_attn.gate_proj.weight"]
     assert gate.abs().max() > 0  # initialised at zero, trained
-    out = generate([toy_bin, "--path", os.path.join(save, "checkpoint_last.pt"),
-                    *SENTENCE_LEVEL[:4], "--beam", "2", "--max-tokens", "500",
-                    "--gen-subset", "test", "--num-workers", "0"])
-    assert len(hypotheses(out)) == sum(1 for _ in open(os.path.join(toy_bin, "test.docids")))
+    assert_translates_test_split(toy_bin, os.path.join(save, "checkpoint_last.pt"),
+                                 SENTENCE_LEVEL[:4])
 
 
 def test_init_from_an_incompatible_checkpoint_is_an_error(toy_bin, sentence_ckpt, tmp_path):

@@ -57,11 +57,13 @@ nothing: it takes a GPU run's exact arguments (``scripts/gpu_check.sh``).
 Each ratio is arch / baseline measured in the same run (median over repeats).
 Architectures are fairseq architecture names; ``ARCH[--opt value --flag]``
 passes extra architecture options, e.g. ``transformer_dc[--dc-decoder-layers all]``.
-A plugin model class may define ``bench_sample(task, args, batch_size,
-src_len, tgt_len, doc_len, device)`` to build its own training sample (e.g.
-with document context); the default is a sentence-level translation batch.
+What the bench knows of an architecture is in
+:mod:`ctx_fairseq.cli.arch_hooks` (``BenchHooks``; a plugin registers its own
+with ``register_bench_hooks``): ``sample(task, args, batch_size, src_len,
+tgt_len, doc_len, device)`` builds the model's own training sample (e.g. with
+document context); the default is a sentence-level translation batch.
 
-Whole-document models (a class attribute ``bench_task_args``, e.g.
+Whole-document models (``BenchHooks.task_args``, e.g.
 ``transformer_selective_doc``: ``--document-context online
 --document-memory``) run with the ``document_translation`` task, and their
 batch is made by the task's own dataset and batching (the one place context is
@@ -80,7 +82,7 @@ sentences per second and peak memory per sentence of the batch;
 ``ARCH[--memory-precomputed]`` and other task options pass through like model
 options.
 
-A model may say what its row measures (``bench_setting()``: the ``setting``
+A model's hooks may say what its row measures (``setting(model)``: the ``setting
 of the JSON report, a note under the table). ``transformer_selective_doc``'s
 default is the paper's frozen memory; the bench has no stage-1 checkpoint, so
 the frozen copies are of the initial weights, and, as the bench repeats one
@@ -106,6 +108,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ctx_fairseq.cli.arch_hooks import bench_hooks
 from ctx_fairseq.cli.bench_memory import (  # noqa: F401  (re-exported)
     CudaMemoryStats, cpu_step_peak_bytes, resident_bytes, step_peak_bytes)
 from ctx_fairseq.cli.bench_report import (  # noqa: F401  (re-exported)
@@ -160,6 +163,12 @@ def memory_sentences(sample) -> Optional[int]:
     return int(mem.size(0)) if torch.is_tensor(mem) else None
 
 
+def _setting(arch: str, model) -> Optional[str]:
+    """What the row of ``arch`` measures, where its hooks say (``BenchHooks.setting``)."""
+    setting = bench_hooks(arch).setting
+    return setting(model) if setting is not None else None
+
+
 def _tokens(sample) -> int:
     """Target tokens of the sentences being translated: a concatenated target's
     context part (``target_prefix_len``) is input, not output, and does not
@@ -206,8 +215,7 @@ class Bench:
         a = self.args
         if arch not in ARCH_MODEL_REGISTRY:
             raise ValueError(f"--archs: unknown architecture {arch!r}")
-        model_cls = ARCH_MODEL_REGISTRY[arch]
-        doc_task = list(getattr(model_cls, "bench_task_args", []) or [])
+        doc_task = list(bench_hooks(arch).task_args)
         task_name = "document_translation" if doc_task else "translation"
         argv = [
             "bench-data", "--user-dir", USER_DIR, "--arch", arch, "--task", task_name, *doc_task,
@@ -244,21 +252,16 @@ class Bench:
         model = model.to(self.device)
         return model, task, margs
 
-    def document_sample(self, task, seed: int, model=None, margs=None) -> Dict:
-        """A batch of synthetic documents through the task's dataset and
-        batching (see the module docstring): the batches are the task's own
-        (``task.get_batch_iterator`` with fairseq-train's arguments: ``--max-tokens``,
-        the model's and task's maximum positions, ``--required-batch-size-multiple``,
-        the seed, epoch 1), over the split as fairseq-train wraps its training
-        split."""
-        from fairseq import utils as fairseq_utils
+    def synthetic_documents(self, task, seed: int):
+        """``(base, doc_ids, name)`` of :meth:`document_sample`'s split: enough
+        documents of ``--doc-len`` sentences of ``--src-len`` / ``--tgt-len``
+        random tokens (each ended by ``</s>``) for one batch, drawn from a
+        generator seeded with ``seed``."""
         from fairseq.data import LanguagePairDataset
 
-        a = self.args
-        d = task.target_dictionary
+        a, d = self.args, task.target_dictionary
         g = torch.Generator().manual_seed(seed)
-        n_docs = 1 + math.ceil(self.batch_size / a.doc_len)
-        n = n_docs * a.doc_len
+        n = (1 + math.ceil(self.batch_size / a.doc_len)) * a.doc_len
 
         def sents(length):
             t = torch.randint(d.nspecial, len(d), (n, length), generator=g)
@@ -268,8 +271,19 @@ class Bench:
         src, tgt = sents(a.src_len), sents(a.tgt_len)
         base = LanguagePairDataset(src, torch.full((n,), a.src_len).numpy(), d, tgt,
                                    torch.full((n,), a.tgt_len).numpy(), d, shuffle=False)
-        doc_ids = [f"d{i // a.doc_len}" for i in range(n)]
-        ds = task.wrap(base, doc_ids, "<bench documents>", training=True)
+        return base, [f"d{i // a.doc_len}" for i in range(n)], "<bench documents>"
+
+    def document_sample(self, task, seed: int, model=None, margs=None) -> Dict:
+        """A batch of synthetic documents through the task's dataset and
+        batching (see the module docstring): the batches are the task's own
+        (``task.get_batch_iterator`` with fairseq-train's arguments: ``--max-tokens``,
+        the model's and task's maximum positions, ``--required-batch-size-multiple``,
+        the seed, epoch 1), over the split as fairseq-train wraps its training
+        split."""
+        from fairseq import utils as fairseq_utils
+
+        a = self.args
+        ds = task.wrap(*self.synthetic_documents(task, seed), training=True)
         max_positions = None
         if model is not None:
             max_positions = fairseq_utils.resolve_max_positions(
@@ -301,11 +315,12 @@ class Bench:
 
     def sample(self, model, task, margs, seed: int) -> Dict:
         a = self.args
-        if getattr(type(model), "bench_task_args", None):
+        hooks = bench_hooks(margs.arch)
+        if hooks.task_args:
             return self.document_sample(task, seed, model, margs)
-        hook = getattr(type(model), "bench_sample", None)
-        if hook is not None:
-            return hook(task, margs, self.batch_size, a.src_len, a.tgt_len, a.doc_len, self.device)
+        if hooks.sample is not None:
+            return hooks.sample(task, margs, self.batch_size, a.src_len, a.tgt_len, a.doc_len,
+                                self.device)
         d = task.target_dictionary
         g = torch.Generator().manual_seed(seed)
         bsz = self.batch_size
@@ -526,8 +541,7 @@ class Bench:
             else:
                 entry.update(opt=torch.optim.Adam(model.parameters(), lr=1e-4),
                              scaler=torch.amp.GradScaler("cuda") if a.fp16 else None)
-            entry["setting"] = model.bench_setting() if hasattr(model, "bench_setting") \
-                else None
+            entry["setting"] = _setting(arch, model)
             if getattr(model, "memory_cache", None) is not None:
                 # a frozen memory's cache: filled before anything is measured, so that the
                 # FLOPs, the memory and the times all measure the same (warm) step
@@ -640,7 +654,7 @@ class Bench:
                    "batch_sentences": int(sample["nsentences"]),
                    "batch_memory_sentences": memory_sentences(sample),
                    "batch_target_tokens": _tokens(sample),
-                   "setting": model.bench_setting() if hasattr(model, "bench_setting") else None}
+                   "setting": _setting(arch, model)}
             rows.append(row)
             log(f"ctx-bench: dry run: {label}: {row['params'] / 1e6:.2f}M params, batch of "
                 f"{row['batch_sentences']} sentences ({row['batch_target_tokens']} target tokens"

@@ -62,7 +62,7 @@ def _peak_note(report: Dict) -> List[str]:
 
 
 def _setting_notes(report: Dict) -> List[str]:
-    """What a row measures where its model says (``bench_setting``), e.g. where
+    """What a row measures where its hooks say (``BenchHooks.setting``), e.g. where
     a document memory comes from."""
     notes = [f"{r['arch']}: {r['setting']}" for r in report["results"] if r.get("setting")]
     return ["", *notes] if notes else []

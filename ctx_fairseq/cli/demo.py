@@ -15,19 +15,12 @@ re-run with the same settings reuses finished steps, a changed setting re-runs
 the steps it affects. A failed step stops the demo with the command and the
 path of its log.
 
-A plugin model class may set ``demo_train_args`` / ``demo_generate_args``
-(lists of extra command-line arguments, e.g. a document-level task, or
-functions of the architecture name returning them),
-``demo_generate_command(arch, python, data, checkpoint, out_dir,
-first_pass=STAGE1_CHECKPOINT)`` (a whole command whose standard output
-replaces fairseq-generate's, e.g. iterative decoding; None for the default) to
-take part in the demo; sentence-level models need none of them. Every
-checkpoint is scored by the one contrastive scorer
-(``ctx_fairseq.eval.contrastive.evaluate_checkpoint``, the task's context). ``demo_archs`` lists the
-architectures a model adds to the default ``--archs`` (default: the one named
-like the model); ``demo_stage1`` names a sentence-level architecture to train
-first and initialise the model from (``--init-from-sentence-checkpoint``, the
-papers' two-stage training; shared with that architecture's own row).
+What the demo knows of each architecture (its task options, a stage-1
+model, two-pass decoding, the architectures it adds to the default
+``--archs``) is in :mod:`ctx_fairseq.cli.arch_hooks` (``DemoHooks``; a
+plugin registers its own with ``register_demo_hooks``); sentence-level models
+need none. Every checkpoint is scored by the one contrastive scorer
+(``ctx_fairseq.eval.contrastive.evaluate_checkpoint``, the task's context).
 """
 
 import argparse
@@ -165,16 +158,18 @@ class Demo:
         return results
 
     def train(self, arch: str, binned: str, data_key: str):
-        """Train ``arch`` (once per run; a model class's ``demo_stage1`` names
+        """Train ``arch`` (once per run; its ``DemoHooks.stage1`` names
         the sentence-level architecture it is initialised from, trained
         first: the papers' two-stage training). Returns (checkpoint, step key)."""
         if arch in self._trained:
             return self._trained[arch]
         a = self.args
         py = sys.executable
-        cls = _model_class(arch)
+        from ctx_fairseq.cli.arch_hooks import demo_hooks
+
+        hooks = demo_hooks(arch)
         depends, init = [data_key], []
-        stage1 = getattr(cls, "demo_stage1", None)
+        stage1 = hooks.stage1
         if stage1:
             s1_ckpt, s1_key = self.train(stage1, binned, data_key)
             depends.append(s1_key)
@@ -183,7 +178,7 @@ class Demo:
         ckpt = os.path.join(ckpt_dir, "checkpoint_last.pt")
         train_cmd = [
             py, "-m", "fairseq_cli.train", binned, "--user-dir", USER_DIR, "--arch", arch,
-            *DEMO_MODEL_ARGS, *_hook_args(cls, "demo_train_args", arch), *init,
+            *DEMO_MODEL_ARGS, *hooks.train_args_for(arch), *init,
             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3",
             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -202,25 +197,27 @@ class Demo:
         return ckpt, key
 
     def run_arch(self, arch: str, binned: str, raw: str, data_key: str) -> Dict:
+        from ctx_fairseq.cli.arch_hooks import demo_hooks
+
         py = sys.executable
-        cls = _model_class(arch)
+        hooks = demo_hooks(arch)
         ckpt, train_key = self.train(arch, binned, data_key)
         gen = os.path.join(self.work, "generate", f"{arch}.txt")
         os.makedirs(os.path.dirname(gen), exist_ok=True)
         gen_cmd = [
             py, "-m", "fairseq_cli.generate", binned, "--user-dir", USER_DIR, "--path", ckpt,
             "--gen-subset", "test", "--beam", "4", "--max-tokens", "8000", "--num-workers", "0",
-            *_hook_args(cls, "demo_generate_args", arch),
+            *hooks.generate_args_for(arch),
         ]
-        custom = getattr(cls, "demo_generate_command", None)
         depends = [train_key]
-        if custom is not None:
-            stage1 = getattr(cls, "demo_stage1", None)
+        if hooks.reads_target_context(arch):  # two passes, the first by the stage-1 model
+            stage1 = hooks.stage1
             first_pass = self._trained[stage1][0] if stage1 in self._trained else None
             if first_pass:
                 depends.append(self._trained[stage1][1])
-            gen_cmd = custom(arch, py, binned, ckpt, os.path.join(self.work, "generate", arch),
-                             first_pass=first_pass) or gen_cmd
+            gen_cmd = hooks.generate_command(arch, py, binned, ckpt,
+                                             os.path.join(self.work, "generate", arch),
+                                             first_pass=first_pass)
         gen_key = self.run_step(f"generate-{arch}", f"fairseq-generate {arch}", gen_cmd, [gen],
                                 stdout_path=gen, depends=depends)
         res_path = os.path.join(self.work, "results", f"{arch}.json")
@@ -232,11 +229,6 @@ class Demo:
         )
         with open(res_path, encoding="utf-8") as f:
             return json.load(f)
-
-
-def _hook_args(cls, name: str, arch: str) -> List[str]:
-    value = getattr(cls, name, [])
-    return list(value(arch) if callable(value) else value)
 
 
 def _last_num_updates(log_path: str) -> int:
@@ -252,13 +244,6 @@ def _last_num_updates(log_path: str) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return last
-
-
-def _model_class(arch: str):
-    import ctx_fairseq  # noqa: F401
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    return ARCH_MODEL_REGISTRY[arch]
 
 
 def _preprocess(raw: str, binned: str) -> None:
@@ -399,7 +384,7 @@ def plot_results(results: Dict, max_distance: int, png: str) -> None:
 
 
 def get_parser() -> argparse.ArgumentParser:
-    from ctx_fairseq._registry import default_demo_archs
+    from ctx_fairseq.cli.arch_hooks import default_demo_archs
 
     p = argparse.ArgumentParser(
         prog="ctx-demo",

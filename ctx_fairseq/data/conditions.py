@@ -58,14 +58,17 @@ class ContextCondition:
     def __str__(self) -> str:
         return self.kind if self.size is None else f"{self.kind}@{self.size}"
 
-    def dataset_args(self, whole_document: bool) -> Dict[str, object]:
+    def dataset_args(self, whole_document: bool, memory: bool = False) -> Dict[str, object]:
         """The ``DocumentContextDataset`` arguments that give this condition:
         ``ablation``, ``context_size`` and ``isolate_sentences``.
         ``whole_document``: the dataset reads a whole-document context or a
-        document memory (no bounded size; ``none`` isolates each sentence)."""
-        if self.size is not None and whole_document:
-            raise InputError(f"context condition {self}: a whole-document context or document "
-                             "memory has no bounded context size to set")
+        document memory (``none`` isolates each sentence); ``memory``: a
+        document memory, whose window a size bounds (the memory sentences at
+        most N positions away); a whole-document context without one has no
+        size to set."""
+        if self.size is not None and whole_document and not memory:
+            raise InputError(f"context condition {self}: a whole-document context has no "
+                             "bounded context size to set")
         if self.kind == "none":
             return {"ablation": "none", "context_size": None if whole_document else 0,
                     "isolate_sentences": bool(whole_document)}

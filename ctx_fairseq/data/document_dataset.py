@@ -278,7 +278,7 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         cond = condition if isinstance(condition, ContextCondition) else \
             ContextCondition(str(condition))
         args = dict(self._init_args)
-        args.update(cond.dataset_args(self.whole_document))
+        args.update(cond.dataset_args(self.whole_document, bool(self.document_memory)))
         # a condition is for scoring: no training dropout or sampled size
         args.update(context_dropout=0.0, coword_dropout=0.0, sample_context_size=0)
         return DocumentContextDataset(self.base, self._doc_ids,

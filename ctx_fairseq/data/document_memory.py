@@ -122,6 +122,20 @@ class DocumentMemoryMixin:
         col[extra] = B + np.arange(len(extra), dtype=np.int64)
         return col, extra.astype(np.int64), qrow
 
+    def _query_window(self, ids: np.ndarray) -> Dict[str, torch.Tensor]:
+        """``{"query_window": (B,) long}``: each query's largest visible
+        distance in sentences, where its context is sized (a scorer's
+        ``context_size`` N for every sentence, or ``sample_context_size``'s
+        draw per sentence and epoch, :meth:`context_cap`), the document's
+        length where it is not; ``{}`` when no sentence is sized (the paper's
+        whole document: the batch is as it was)."""
+        caps = [self.context_cap(int(i)) for i in ids]
+        if all(c is None for c in caps):
+            return {}
+        whole = int(self.doc_len.max()) if len(self.doc_len) else 0
+        return {"query_window": torch.tensor([whole if c is None else c for c in caps],
+                                             dtype=torch.long)}
+
     def _memory_tokens(self, side: str, j: int) -> torch.Tensor:
         """Memory sentence ``j`` of ``side``; under the ``random`` ablation its
         words replaced by random vocabulary tokens (special symbols kept),
@@ -206,6 +220,7 @@ class DocumentMemoryMixin:
         out = {
             "query_doc": torch.from_numpy(query_doc),
             "query_pos": torch.from_numpy(self.sent_pos[ids].copy()),
+            **self._query_window(ids),
             "mem_doc": torch.tensor([local[int(d)] for d in owner], dtype=torch.long),
             "mem_pos": torch.from_numpy(self.sent_pos[mem].copy()),
             "query_mem_row": torch.from_numpy(qrow),

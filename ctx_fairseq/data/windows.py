@@ -113,18 +113,23 @@ def check_context_sizes(sample, fixed, src_k, tgt_k, direction: str, document_co
                         memory: bool):
     """``--sample-context-size`` K and a scorer's ``--context-size`` N,
     checked (InputError): ``(K, N)``. Both need a bounded per-sentence context of
-    previous sentences (a document memory has none to cut)."""
+    previous sentences, or a document memory (whose window they then bound:
+    the memory sentences at most that many positions away, see
+    ``DocumentContextDataset.collate_memory``'s ``query_window``); a
+    whole-document context without a memory has no size to cut."""
     largest = max(int(src_k), int(tgt_k))
     for name, v in (("--sample-context-size", sample), ("--context-size", fixed)):
         if v is None or (name == "--sample-context-size" and not v):
             continue
         if isinstance(v, bool) or int(v) != v or int(v) < 0:
             raise InputError(f"{name} must be an integer >= 0, got {v!r}")
-        if memory or document_context != "none":
+        if memory:
+            continue  # a window of the memory: any size (0: the empty context)
+        if document_context != "none":
             raise InputError(
                 f"{name} cuts a bounded context of previous sentences (--source-context-size"
-                f" / --target-context-size); a whole-document context or document memory "
-                f"(--document-context {document_context}) has no such size "
+                f" / --target-context-size) or a document memory's window; a whole-document "
+                f"context (--document-context {document_context}) has no such size "
                 "(docs/document_translation.md, 'Sampled context size')")
         if largest == 0:
             raise InputError(f"{name} {v} on a sentence-level setting (--source-context-size"

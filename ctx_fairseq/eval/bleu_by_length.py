@@ -30,12 +30,12 @@ All systems must translate the same sentences (same ids and sources).
 """
 
 import argparse
-import json
 import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ctx_fairseq.eval.generate_output import corpus_bleu, read_generate_output
+from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
 __all__ = ["BUCKETS", "bucket_of", "bleu_by_length", "write_outputs", "cli_main"]
 
@@ -102,15 +102,7 @@ def format_table(result: Dict) -> str:
 
 
 def plot(result: Dict, png: str) -> None:
-    import logging
-
-    # importing fairseq sets the root logger to DEBUG (wav2vec2_classification)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     labels = result["buckets"]
     n_sys = max(1, len(result["bleu"]))
     width = 0.8 / n_sys
@@ -124,21 +116,13 @@ def plot(result: Dict, png: str) -> None:
     ax.set_ylabel("BLEU")
     ax.set_title("BLEU by source sentence length")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def write_outputs(result: Dict, out_dir: str, prefix: str = "bleu_by_length") -> Dict[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {ext: os.path.join(out_dir, f"{prefix}.{ext}") for ext in ("md", "json", "png")}
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write("# BLEU by source length (sacreBLEU, tokenize=%s)\n\n" % result["tokenize"])
-        f.write(format_table(result) + "\n")
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    plot(result, paths["png"])
-    return paths
+    markdown = ("# BLEU by source length (sacreBLEU, tokenize=%s)\n\n" % result["tokenize"]
+                + format_table(result) + "\n")
+    return write_table_files(out_dir, prefix, markdown, result, lambda png: plot(result, png))
 
 
 def _parse_system(spec: str) -> Tuple[str, str]:
@@ -176,9 +160,7 @@ def cli_main(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
         systems[name] = path
     result = bleu_by_length(systems, args.tokenize)
     paths = write_outputs(result, args.out_dir, args.prefix)
-    print(format_table(result))
-    for p in paths.values():
-        print(f"wrote {p}")
+    print_written(paths.values(), format_table(result))
     return paths
 
 

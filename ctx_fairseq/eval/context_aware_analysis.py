@@ -30,7 +30,6 @@ import argparse
 import collections
 import contextlib
 import io
-import json
 import os
 import shlex
 import sys
@@ -38,8 +37,10 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
+
 __all__ = ["load_document_model", "contrastive_with_context", "bleu_true_vs_shuffled",
-           "context_attention_stats", "cli_main"]
+           "context_attention_stats", "add_analysis_args", "cli_main"]
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -253,41 +254,39 @@ def format_contrastive(result: Dict) -> str:
 # --------------------------------------------------------------------------- output
 
 
+def _plot(kind: str, result: Dict, png: str) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if kind == "attention":
+        top = result["top_words"]
+        ax.bar([w["word"] for w in top], [w["attention_to_context"] for w in top])
+        ax.set_ylabel("attention to context (1 - g)")
+        ax.tick_params(axis="x", rotation=45)
+    elif kind == "bleu":
+        ax.bar(["true", "shuffled"], [result["true"]["bleu"], result["shuffled"]["bleu"]])
+        ax.set_ylabel("BLEU")
+    else:
+        names = ["true", "shuffled"]
+        ax.bar(names, [100 * (result[n]["overall"]["accuracy"] or 0) for n in names])
+        ax.set_ylabel("contrastive accuracy (%)")
+    save_figure(fig, png, dpi=None)
+
+
 def write_outputs(kind: str, result: Dict, table: str, out_dir: str, png: bool = True) -> Dict:
-    os.makedirs(out_dir, exist_ok=True)
-    prefix = os.path.join(out_dir, f"context_aware_{kind}")
-    paths = {"md": prefix + ".md", "json": prefix + ".json"}
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write(table + "\n")
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    if png:
-        import logging
+    return write_table_files(out_dir, f"context_aware_{kind}", table + "\n", result,
+                             (lambda path: _plot(kind, result, path)) if png else None)
 
-        logging.getLogger("matplotlib").setLevel(logging.WARNING)
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        if kind == "attention":
-            top = result["top_words"]
-            ax.bar([w["word"] for w in top], [w["attention_to_context"] for w in top])
-            ax.set_ylabel("attention to context (1 - g)")
-            ax.tick_params(axis="x", rotation=45)
-        elif kind == "bleu":
-            ax.bar(["true", "shuffled"], [result["true"]["bleu"], result["shuffled"]["bleu"]])
-            ax.set_ylabel("BLEU")
-        else:
-            names = ["true", "shuffled"]
-            ax.bar(names, [100 * (result[n]["overall"]["accuracy"] or 0) for n in names])
-            ax.set_ylabel("contrastive accuracy (%)")
-        fig.tight_layout()
-        paths["png"] = prefix + ".png"
-        fig.savefig(paths["png"])
-        plt.close(fig)
-    return paths
+def add_analysis_args(p, checkpoint_help: str, png_help: str) -> None:
+    """The options every subcommand of this analysis and of
+    ``ctx-selective-analysis`` starts with: the checkpoint (``--path``,
+    described by ``checkpoint_help``), ``--data``, ``--split``, ``--out-dir``
+    and the former ``--png`` (``png_help``), which does nothing."""
+    p.add_argument("--path", required=True, help=checkpoint_help)
+    p.add_argument("--data", required=True, help="binarized data with {split}.docids")
+    p.add_argument("--split", default="test", help="(default: test)")
+    p.add_argument("--out-dir", default=".", help="where the table/JSON/PNG go")
+    p.add_argument("--png", action="store_true", help=png_help)
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -298,12 +297,8 @@ def get_parser() -> argparse.ArgumentParser:
                         ("attention", "attention to context per source word; mean gate"),
                         ("contrastive", "contrastive accuracy with true and shuffled context")):
         s = sub.add_parser(name, help=help_)
-        s.add_argument("--path", required=True, help="transformer_context_aware checkpoint")
-        s.add_argument("--data", required=True, help="binarized data with {split}.docids")
-        s.add_argument("--split", default="test", help="(default: test)")
-        s.add_argument("--out-dir", default=".", help="where the table/JSON/PNG go")
-        s.add_argument("--png", action="store_true",
-                       help="(the plot is always written; kept for old command lines)")
+        add_analysis_args(s, "transformer_context_aware checkpoint",
+                          "(the plot is always written; kept for old command lines)")
         if name in ("bleu", "contrastive"):
             s.add_argument("--gold-target-context", action="store_true",
                            help="for a checkpoint with target context: take it from the "
@@ -350,8 +345,7 @@ def cli_main(argv: Optional[Sequence[str]] = None) -> Dict:
     except (OSError, ValueError) as err:
         p.error(str(err))
     paths = write_outputs(a.command, result, table, a.out_dir)
-    print(table)
-    print("\nwritten: " + ", ".join(paths.values()))
+    print_written(paths.values(), table, one_line=True)
     return paths
 
 

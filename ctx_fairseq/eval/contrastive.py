@@ -17,8 +17,11 @@ Context, built by the task as in training
     trained with ``--task document_translation`` and context is given the
     context it was trained with, built by the task's own dataset
     (:meth:`~ctx_fairseq.tasks.document_translation.DocumentTranslationTask.wrap`:
-    context sizes, direction, separator, truncation, document memory and
-    ``--context-ablation`` exactly as in training and ``fairseq-generate``):
+    context sizes, direction, separator, truncation and document memory
+    exactly as in training and ``fairseq-generate``; ``--context-ablation
+    shuffled|random`` is the dataset's
+    :class:`~ctx_fairseq.data.conditions.ContextCondition` of that name, the
+    one way every scorer asks for a context, the task's options unchanged):
 
     * ``toy``: records point to lines of the binarized ``--split``; the dataset
       is that split, with the scored line's target replaced by the candidate;
@@ -61,7 +64,6 @@ share of ``<unk>`` tokens.
 """
 
 import argparse
-import collections
 import logging
 import os
 import sys
@@ -70,11 +72,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.toy_corpus import read_contrastive  # noqa: F401  (re-exported)
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Suite, read_suite
-from ctx_fairseq.eval.suite_report import (  # noqa: F401  (write_report_files re-exported)
-    accuracy_bar_plot, add_output_args, add_suite_args, pct, print_report, report_name, result_rows, suite_langs,
-    write_report_files)
+# distance_key and write_report_files are re-exported
+from ctx_fairseq.eval.suite_report import (  # noqa: F401
+    accuracy_bar_plot, add_output_args, add_suite_args, distance_key, group_outcomes, pct,
+    print_report, report_name, result_rows, suite_options, write_report_files)
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
 
 logger = logging.getLogger(__name__)
@@ -87,28 +91,31 @@ class ContextUnavailable(ValueError):
     """The checkpoint needs context the suite does not give."""
 
 
-def load_checkpoint(path: str, data: str, ablation: str = "none", cuda: bool = False):
+def load_checkpoint(path: str, data: str, cuda: bool = False):
     """(model, task, cfg) with the checkpoint's task and model options
     (:func:`ctx_fairseq.eval.checkpoints.restore_checkpoint`); ``data`` gives
-    the dictionaries (and, for the toy format, the split); ``ablation``: the
-    task's ``--context-ablation``, for a document-level checkpoint only."""
-    from ctx_fairseq.eval.checkpoints import (checkpoint_task_name, read_checkpoint,
-                                              restore_checkpoint)
+    the dictionaries (and, for the toy format, the split). The context a
+    scorer gives is its :class:`~ctx_fairseq.data.conditions.ContextCondition`,
+    never a change of the task's options."""
+    from ctx_fairseq.eval.checkpoints import restore_checkpoint
 
-    state = read_checkpoint(path)
-    task_name = checkpoint_task_name(state)
-    overrides = {}
-    if task_name == "document_translation":
-        overrides["context_ablation"] = ablation
-    elif ablation != "none":
+    return restore_checkpoint(path, data, {}, "cuda" if cuda else "cpu")
+
+
+def check_ablation(path: str, task, ablation: str) -> None:
+    """``--context-ablation`` (``shuffled`` / ``random``) needs a checkpoint
+    that reads context; a clear error names the checkpoint otherwise."""
+    if ablation == "none":
+        return
+    from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
+
+    if not isinstance(task, DocumentTranslationTask):
         raise ValueError(f"--context-ablation {ablation}: {path} was trained with --task "
-                         f"{task_name} (no context to ablate)")
-    model, task, cfg = restore_checkpoint(path, data, overrides, "cuda" if cuda else "cpu",
-                                          state=state)
-    if ablation != "none" and not uses_context(task):
+                         f"{getattr(task.cfg, '_name', type(task).__name__)} (no context to "
+                         "ablate)")
+    if not uses_context(task):
         raise ValueError(f"--context-ablation {ablation}: {path} uses no context (--source-"
                          "context-size 0, --target-context-size 0): no context to ablate")
-    return model, task, cfg
 
 
 def uses_context(task) -> bool:
@@ -123,9 +130,14 @@ class ContrastiveScorer:
 
     def __init__(self, model, task, src_encoder: TextEncoder, tgt_encoder: TextEncoder,
                  batch_size: int = 32, max_tokens: Optional[int] = None, split: str = "test",
-                 gold_target_context: bool = False, allow_partial_document: bool = False):
+                 gold_target_context: bool = False, allow_partial_document: bool = False,
+                 condition: Optional[ContextCondition] = None):
         if batch_size < 1:
             raise ValueError("--batch-size must be >= 1")
+        #: the context given (the one context-condition API; ``true``: as trained)
+        self.condition = condition if condition is not None else ContextCondition("true")
+        if self.condition.kind != "true" and not uses_context(task):
+            raise ValueError(f"context condition {self.condition}: the model reads no context")
         self.model, self.task = model, task
         self.src_enc, self.tgt_enc = src_encoder, tgt_encoder
         self.batch_size, self.max_tokens, self.split = batch_size, max_tokens, split
@@ -233,10 +245,13 @@ class ContrastiveScorer:
                                  f"{ex.doc_id!r}")
         return src, ref, doc_ids, getattr(ds, "docids_path", split)
 
-    def rank_datasets(self, suite: Suite):
+    def rank_datasets(self, suite: Suite, generation: bool = False):
         """For each candidate rank ``c``: ``(dataset, rows)`` with ``rows[i]``
         the dataset index whose target is candidate ``c`` of example ``i``
-        (-1 if the example has fewer candidates)."""
+        (-1 if the example has fewer candidates), under the scorer's
+        condition. ``generation``: the task's generation datasets (generative
+        accuracy: a ``--concat-context`` model's target context is the
+        decoder's forced prefix, not part of the target)."""
         ranks = max(len(ex.candidates) for ex in suite.examples)
         out = []
         if suite.context_sentences is None:  # toy: the split's documents
@@ -251,12 +266,13 @@ class ContrastiveScorer:
                 base = self._pair_dataset(src, tgt)
                 if self.context:
                     tgt_ctx = ref if self.task.cfg.target_context_size > 0 else None
-                    ds = self.task.wrap(base, doc_ids, docids_path, tgt_ctx)
+                    ds = self.task.wrap(base, doc_ids, docids_path, tgt_ctx,
+                                        generation=generation, condition=self.condition)
                 else:
                     ds = base
                 out.append((ds, rows))
             return out
-        if self.context and getattr(self.task.cfg, "context_ablation", "none") != "none":
+        if self.context and self.condition.ablation != "none":
             for ex in suite.examples:  # same document structure, same donors, every rank
                 if len({len(ex.context(k)[0]) for k in range(len(ex.candidates))}) > 1:
                     raise ValueError(f"{ex.where}: the candidates have contexts of different "
@@ -287,7 +303,8 @@ class ContrastiveScorer:
             base = self._pair_dataset(src, tgt)
             if self.context:
                 use_t = self.task.cfg.target_context_size > 0
-                ds = self.task.wrap(base, doc_ids, suite.path, tctx if use_t else None)
+                ds = self.task.wrap(base, doc_ids, suite.path, tctx if use_t else None,
+                                    generation=generation, condition=self.condition)
             else:
                 ds = base
             out.append((ds, rows))
@@ -360,13 +377,6 @@ def _group(outcomes: Sequence[str]) -> Dict:
             "accuracy": correct / n if n else None}
 
 
-def distance_key(d: str):
-    try:
-        return (0, int(d), "")
-    except ValueError:
-        return (1, 0, d)
-
-
 def summarize(suite: Suite, scores: List[List[float]], tie_tolerance: float = 1e-4) -> Dict:
     """Outcome of every example and the accuracies (module docstring)."""
     outcomes = []
@@ -375,23 +385,8 @@ def summarize(suite: Suite, scores: List[List[float]], tie_tolerance: float = 1e
         margin = s[ex.correct] - best_other
         outcomes.append("correct" if margin > tie_tolerance else
                         "tie" if margin >= -tie_tolerance else "wrong")
-    cats = collections.OrderedDict()
-    for ex, o in zip(suite.examples, outcomes):
-        cats.setdefault(ex.category, []).append((ex.distance, o))
     result = {"suite": suite.path, "format": suite.format, "tie_tolerance": tie_tolerance,
-              "overall": _group(outcomes), "by_phenomenon": {}, "by_distance": {},
-              "by_distance_overall": {}}
-    for cat, items in cats.items():
-        result["by_phenomenon"][cat] = _group([o for _, o in items])
-        dists = sorted({d for d, _ in items if d is not None}, key=distance_key)
-        if dists:
-            result["by_distance"][cat] = {d: _group([o for dd, o in items if dd == d])
-                                          for d in dists}
-    all_d = sorted({ex.distance for ex in suite.examples if ex.distance is not None},
-                   key=distance_key)
-    for d in all_d:
-        result["by_distance_overall"][d] = _group(
-            [o for ex, o in zip(suite.examples, outcomes) if ex.distance == d])
+              **group_outcomes(suite, outcomes, _group)}
     result["examples"] = [{"where": ex.where, "outcome": o, "scores": s, "correct": ex.correct}
                           for ex, o, s in zip(suite.examples, outcomes, scores)]
     return result
@@ -485,7 +480,9 @@ def scorer_for_checkpoint(path: str, data: str, ablation: str = "none", cpu: boo
     text encoders of ``text_args`` (``--tokenizer`` / ``--bpe`` ...; the
     defaults when None) and ``kwargs`` for :class:`ContrastiveScorer`: the one
     way the scorer and generative accuracy load a checkpoint."""
-    model, task, cfg = load_checkpoint(path, data, ablation, cuda=not cpu)
+    model, task, cfg = load_checkpoint(path, data, cuda=not cpu)
+    check_ablation(path, task, ablation)
+    kwargs.setdefault("condition", ContextCondition("true" if ablation == "none" else ablation))
     if text_args is None:
         p = argparse.ArgumentParser()
         add_text_unit_args(p)
@@ -522,15 +519,12 @@ def get_parser() -> argparse.ArgumentParser:
 def cli_main(argv=None) -> Dict:
     p = get_parser()
     args = p.parse_args(argv)
-    langs = suite_langs(p, args.suite_langs)
+    options = suite_options(p, args)
     try:
         result, suite, scores = evaluate_checkpoint(
-            args.path, args.data, args.contrastive, fmt=args.format, cpu=not args.cuda,
-            ablation=args.context_ablation, split=args.split,
-            gold_target_context=args.gold_target_context, batch_size=args.batch_size,
-            max_tokens=args.max_tokens, tie_tolerance=args.tie_tolerance, text_args=args,
-            langs=langs, suite_context=args.suite_context, suite_json=args.suite_json,
-            allow_partial_document=args.allow_partial_document, return_scores=True)
+            args.path, args.data, args.contrastive, fmt=args.format, batch_size=args.batch_size,
+            max_tokens=args.max_tokens, tie_tolerance=args.tie_tolerance, return_scores=True,
+            **options)
     except (OSError, ValueError) as err:
         p.error(str(err))
     paths = write_report(result, args.out_dir,

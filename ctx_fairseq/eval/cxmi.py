@@ -45,8 +45,11 @@ difference; ``cxmi_per_token`` (sum / target tokens) and
 document block bootstrap (:func:`doc_bootstrap`: documents resampled whole;
 none below ``MIN_BOOTSTRAP_DOCS`` documents, with a note). ``--context-size N``
 scores the true context at N previous sentences (at most the checkpoint's
-trained K: its ``--sample-context-size``, else its context size); ``--curve``
-gives CXMI at every size ``0..K``. ``shuffled`` and ``random`` are sensitivity
+trained K: its ``--sample-context-size``, else its context size; a document
+memory: the memory sentences at most N positions away, at most its
+``--sample-context-size`` where it was trained with one, any N otherwise);
+``--curve`` gives CXMI at every size ``0..K`` (a document memory: only one
+trained with ``--sample-context-size`` K). ``shuffled`` and ``random`` are sensitivity
 checks (Voita et al. 2018; Kim et al. 2019), not the paper's CXMI. The empty
 context is in distribution only for a model trained with a sampled context
 size (or context dropout); otherwise the notes say so.
@@ -94,6 +97,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ctx_fairseq.eval.report_files import pyplot, save_figure
 from ctx_fairseq.eval.word_classes import (LANGUAGES, classes_for, load_word_classes,
                                            normalise)
 
@@ -116,7 +120,7 @@ def load(path: str, data: str, cuda: bool):
     (:func:`ctx_fairseq.eval.contrastive.load_checkpoint`), checked."""
     from ctx_fairseq.eval.contrastive import uses_context, load_checkpoint
 
-    model, task, cfg = load_checkpoint(path, data, "none", cuda=cuda)
+    model, task, cfg = load_checkpoint(path, data, cuda=cuda)
     if not uses_context(task):
         name = getattr(task.cfg, "_name", None) or type(task).__name__
         raise CXMIError(
@@ -135,11 +139,14 @@ def trained_context_size(task) -> Optional[int]:
     """The largest context size the checkpoint was trained at: its
     ``--sample-context-size`` K (every size 0..K seen in training), else its
     largest ``--source/--target-context-size`` (that size only, and the empty
-    context of a document's first sentence); None for a document memory (no
-    bounded size)."""
-    if _memory(task) or getattr(task.cfg, "document_context", "none") != "none":
-        return None
+    context of a document's first sentence). A document memory: its
+    ``--sample-context-size`` K (the memory's window), else None (the whole
+    document, no bounded size); a whole-document context: None."""
     k = int(getattr(task.cfg, "sample_context_size", 0) or 0)
+    if _memory(task):
+        return k or None
+    if getattr(task.cfg, "document_context", "none") != "none":
+        return None
     return k or max(int(task.cfg.source_context_size), int(task.cfg.target_context_size))
 
 
@@ -157,11 +164,10 @@ def condition_dataset(task, split: str, condition: str, context_size: Optional[i
     from ctx_fairseq.data.conditions import ContextCondition
     from ctx_fairseq.data.docids import DocumentIdError
 
-    if context_size is not None and (
-            _memory(task) or getattr(task.cfg, "document_context", "none") != "none"):
-        raise CXMIError("--context-size: a document memory or whole-document context "
-                        "has no bounded context size to set (score it without "
-                        "--context-size: true against none)")
+    if context_size is not None and not _memory(task) and \
+            getattr(task.cfg, "document_context", "none") != "none":
+        raise CXMIError("--context-size: a whole-document context has no bounded context "
+                        "size to set (score it without --context-size: true against none)")
     size = None if condition == "none" else context_size
     try:
         return task.condition_dataset(split, ContextCondition(condition, size))
@@ -387,10 +393,10 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
         if isinstance(context_size, bool) or int(context_size) != context_size or \
                 context_size < 0:
             raise ValueError(f"--context-size must be an integer >= 0, got {context_size!r}")
-        if trained_k is None:
-            raise CXMIError("--context-size: this checkpoint reads a document memory or a "
-                            "whole-document context, which has no bounded context size")
-        if context_size > trained_k:
+        if trained_k is None and not _memory(task):
+            raise CXMIError("--context-size: this checkpoint reads a whole-document context, "
+                            "which has no bounded context size")
+        if trained_k is not None and context_size > trained_k:
             raise CXMIError(
                 f"--context-size {context_size} is larger than the checkpoint was trained with "
                 f"(K = {trained_k}: --sample-context-size "
@@ -398,8 +404,9 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
                 f"{task.cfg.source_context_size}, --target-context-size "
                 f"{task.cfg.target_context_size}); it never saw that many sentences")
     if curve and trained_k is None:
-        raise CXMIError("--curve: this checkpoint reads a document memory or a whole-document "
-                        "context, which has no bounded context size to vary")
+        raise CXMIError("--curve: this checkpoint reads a whole-document context or a document "
+                        "memory trained without --sample-context-size, which has no bounded "
+                        "context size to vary")
     # a checkpoint reading next (or both) sentences: its true context is its whole
     # window (no size to cut), against the empty context (size 0, any direction)
     prev_only = getattr(task.cfg, "context_direction", "prev") == "prev"
@@ -482,6 +489,10 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
             0 < n_size < (trained_k or 0):
         notes.append(f"context size {n_size}: trained at {trained_k} only (no "
                      "--sample-context-size), so this size is out of distribution")
+    if n_size is not None and trained_k is None:
+        notes.append(f"context size {n_size}: a window on a document memory trained on whole "
+                     "documents (no --sample-context-size), so this window is out of "
+                     "distribution")
     result["conditions"] = conditions
     result["target"] = "reference tokens including </s> (teacher forcing); target context " \
                        "from the references"
@@ -665,12 +676,7 @@ def format_result(result: Dict) -> str:
 
 
 def _plots(result: Dict, words: List[Dict], hist_png: str, pos_png: str) -> None:
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     conds = result["conditions"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     values = {c: np.array([r["p_cxmi"][c] for r in words]) for c in conds}
@@ -682,9 +688,7 @@ def _plots(result: Dict, words: List[Dict], hist_png: str, pos_png: str) -> None
     ax.set_yscale("log")
     ax.legend(fontsize=8)
     ax.set_title(f"P-CXMI, split {result['split']}")
-    fig.tight_layout()
-    fig.savefig(hist_png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, hist_png)
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for c in conds:
@@ -696,18 +700,11 @@ def _plots(result: Dict, words: List[Dict], hist_png: str, pos_png: str) -> None
     ax.set_ylabel("CXMI (nats per target token)")
     ax.legend(fontsize=8)
     ax.set_title(f"CXMI by position, split {result['split']}")
-    fig.tight_layout()
-    fig.savefig(pos_png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, pos_png)
 
 
 def _curve_plot(result: Dict, png: str) -> None:
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     pts = result["curve"]
     xs = [p["context_size"] for p in pts]
     ys = [p["cxmi"] for p in pts]
@@ -723,9 +720,7 @@ def _curve_plot(result: Dict, png: str) -> None:
     ax.set_xlabel("context size (previous sentences)")
     ax.set_ylabel("CXMI against empty context (nats)")
     ax.set_title(f"CXMI by context size, split {result['split']}")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 OUTPUT_FILES = ("cxmi.json", "cxmi.md", "tokens.jsonl", "cxmi_hist.png", "cxmi_by_position.png")

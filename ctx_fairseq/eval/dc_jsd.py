@@ -31,13 +31,14 @@ checkpoint (a table; the JSON; Fig. 4-style plot: (a) ``dv^l`` per layer,
 """
 
 import argparse
-import json
 import math
 import os
 from typing import Dict, Iterable, List, Optional
 
 import torch
 from torch import Tensor
+
+from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
 __all__ = ["js_divergence", "reduce_heads", "DCJSDCollector", "encoder_jsd",
            "jsd_for_checkpoint", "write_outputs", "cli_main"]
@@ -190,15 +191,7 @@ def format_table(results: List[Dict]) -> str:
 
 
 def plot(results: List[Dict], png: str) -> None:
-    import logging
-
-    # importing fairseq sets the root logger to DEBUG (wav2vec2_classification)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for r in results:
         ls = sorted(int(l) for l in r["layers"])
@@ -210,23 +203,15 @@ def plot(results: List[Dict], png: str) -> None:
     ax2.bar([r["label"] for r in results], [r["E_d"] for r in results], color="tab:blue")
     ax2.set_ylabel("E_d")
     ax2.set_title("(b) mean divergence E_d")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def write_outputs(results: List[Dict], out_dir: str, prefix: str = "dc_jsd") -> Dict[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {ext: os.path.join(out_dir, f"{prefix}.{ext}") for ext in ("md", "json", "png")}
-    table = format_table(results)
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write("# JS divergence between global and local attention (Eq. 10-13)\n\n")
-        f.write(f"head reduction: {results[0]['head_reduce']}; {results[0]['log']} log\n\n")
-        f.write(table + "\n")
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump({"results": results}, f, indent=2)
-    plot(results, paths["png"])
-    return paths
+    markdown = ("# JS divergence between global and local attention (Eq. 10-13)\n\n"
+                f"head reduction: {results[0]['head_reduce']}; {results[0]['log']} log\n\n"
+                + format_table(results) + "\n")
+    return write_table_files(out_dir, prefix, markdown, {"results": results},
+                             lambda png: plot(results, png))
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -268,9 +253,7 @@ def cli_main(argv: Optional[List[str]] = None) -> Dict[str, str]:
                       f"{os.path.basename(path)} (f={r['kernel_size']})")
         results.append(r)
     paths = write_outputs(results, args.out_dir, args.prefix)
-    print(format_table(results))
-    for p in paths.values():
-        print(f"wrote {p}")
+    print_written(paths.values(), format_table(results))
     return paths
 
 

@@ -69,13 +69,13 @@ scores. See ``docs/doc_bleu.md``.
 """
 
 import argparse
-import json
 import os
 from itertools import groupby
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ctx_fairseq.eval.generate_output import (BPE_SCHEMES, bleu_metric, lines_with_bpe,
                                               read_generate_output, remove_bpe)
+from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
 __all__ = ["DocBleuError", "read_references", "documents", "doc_bleu", "format_report",
            "format_documents", "plot", "write_outputs", "get_parser", "cli_main"]
@@ -341,15 +341,7 @@ def format_documents(result: Dict) -> str:
 
 
 def plot(result: Dict, png: str) -> None:
-    import logging
-
-    # importing fairseq sets the root logger to DEBUG (wav2vec2_classification)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     per = result["per_document"]
     scores = [d["bleu"] for d in per]
     doc_b, sent_b = result["document_level"]["bleu"], result["sentence_level"]["bleu"]
@@ -373,22 +365,15 @@ def plot(result: Dict, png: str) -> None:
     refs = "--refs" if result["references"]["source"] == "refs" else "T- lines"
     fig.suptitle(f"{result['metric']['kind']} ({result['document_level']['signature']}); "
                  f"{result['hypotheses']['lines']}- lines against {refs}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def write_outputs(result: Dict, out_dir: str, prefix: str = "doc_bleu") -> Dict[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {ext: os.path.join(out_dir, f"{prefix}.{ext}") for ext in ("md", "json", "png")}
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write(f"# Document-level and sentence-level BLEU: {result['metric']['kind']}\n\n```\n")
-        f.write(format_report(result) + "\n```\n\n## BLEU per document\n\n")
-        f.write(format_documents(result) + "\n")
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2, ensure_ascii=False)
-    plot(result, paths["png"])
-    return paths
+    markdown = (f"# Document-level and sentence-level BLEU: {result['metric']['kind']}\n\n```\n"
+                + format_report(result) + "\n```\n\n## BLEU per document\n\n"
+                + format_documents(result) + "\n")
+    return write_table_files(out_dir, prefix, markdown, result, lambda png: plot(result, png),
+                             ensure_ascii=False)
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -436,9 +421,7 @@ def cli_main(argv: Optional[Sequence[str]] = None) -> None:
     except (OSError, ValueError) as err:
         p.error(str(err))
     paths = write_outputs(result, args.out_dir, args.prefix)
-    print(format_report(result))
-    for path in paths.values():
-        print(f"wrote {path}")
+    print_written(paths.values(), format_report(result))
 
 
 if __name__ == "__main__":

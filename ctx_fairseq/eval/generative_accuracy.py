@@ -80,9 +80,6 @@ Outputs
 """
 
 import argparse
-import collections
-import contextlib
-import functools
 import html
 import logging
 import os
@@ -93,13 +90,13 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import torch
 
-from ctx_fairseq.eval.contrastive import ContrastiveScorer, distance_key, scorer_for_checkpoint
+from ctx_fairseq.eval.contrastive import ContrastiveScorer, scorer_for_checkpoint
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Example, Suite, read_suite
 from ctx_fairseq.eval.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
     remove_bpe
 from ctx_fairseq.eval.suite_report import (accuracy_bar_plot, add_output_args, add_suite_args,
-                                           pct, print_report, report_name, result_rows,
-                                           suite_langs, write_report_files)
+                                           group_outcomes, pct, print_report, report_name,
+                                           result_rows, suite_options, write_report_files)
 from ctx_fairseq.tasks.generation import best_tokens_on_cpu
 
 logger = logging.getLogger(__name__)
@@ -169,21 +166,7 @@ def summarize(suite: Suite, hypotheses: Sequence[str], case_sensitive: bool = Fa
         raise ValueError(f"{len(hypotheses)} translations for {len(suite.examples)} examples")
     outcomes = [judge(h, ex, case_sensitive) for h, ex in zip(hypotheses, suite.examples)]
     result = {"suite": suite.path, "format": suite.format, "case_sensitive": case_sensitive,
-              "overall": _group(outcomes), "by_phenomenon": {}, "by_distance": {},
-              "by_distance_overall": {}}
-    cats = collections.OrderedDict()
-    for ex, o in zip(suite.examples, outcomes):
-        cats.setdefault(ex.category, []).append((ex.distance, o))
-    for cat, items in cats.items():
-        result["by_phenomenon"][cat] = _group([o for _, o in items])
-        dists = sorted({d for d, _ in items if d is not None}, key=distance_key)
-        if dists:
-            result["by_distance"][cat] = {d: _group([o for dd, o in items if dd == d])
-                                          for d in dists}
-    for d in sorted({ex.distance for ex in suite.examples if ex.distance is not None},
-                    key=distance_key):
-        result["by_distance_overall"][d] = _group(
-            [o for ex, o in zip(suite.examples, outcomes) if ex.distance == d])
+              **group_outcomes(suite, outcomes, _group)}
     examples = []
     for ex, h, o in zip(suite.examples, hypotheses, outcomes):
         required, forbidden, _ = distinguishing_words(ex, case_sensitive)
@@ -261,22 +244,6 @@ def _generation_args(beam: int, max_len_a: float, max_len_b: int, lenpen: float)
     return g
 
 
-@contextlib.contextmanager
-def _generation_datasets(task):
-    """While active, the task's ``wrap`` builds generation datasets (what
-    ``fairseq-generate``'s split gets: a ``--concat-context`` model's target
-    context becomes the decoder's forced prefix instead of part of the
-    target); the scorer's ``rank_datasets`` calls it."""
-    if not hasattr(task, "wrap"):  # a sentence-level task: nothing to wrap
-        yield
-        return
-    task.wrap = functools.partial(type(task).wrap, task, generation=True)
-    try:
-        yield
-    finally:
-        del task.wrap  # the class's method again
-
-
 @torch.no_grad()
 def translate_suite(scorer: ContrastiveScorer, suite: Suite, beam: int = 5,
                     max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0
@@ -293,8 +260,7 @@ def translate_suite(scorer: ContrastiveScorer, suite: Suite, beam: int = 5,
     device = next(model.parameters()).device
     tgt_dict = task.target_dictionary
     out: List[Optional[str]] = [None] * len(suite.examples)
-    with _generation_datasets(task):
-        datasets = scorer.rank_datasets(suite)
+    datasets = scorer.rank_datasets(suite, generation=True)
     for c_rank, (ds, rows) in enumerate(datasets):
         wanted = {int(rows[i]): i for i, ex in enumerate(suite.examples)
                   if ex.correct == c_rank and rows[i] >= 0}
@@ -410,18 +376,15 @@ def get_parser() -> argparse.ArgumentParser:
 def cli_main(argv=None) -> Dict:
     p = get_parser()
     args = p.parse_args(argv)
-    langs = suite_langs(p, args.suite_langs)
+    options = suite_options(p, args)
     if args.beam < 1 or args.batch_size < 1:
         p.error("--beam and --batch-size must be >= 1")
     try:
         result, suite, hyps = evaluate(
             args.contrastive, args.format, args.generate_output, args.path, args.data,
-            cpu=not args.cuda, ablation=args.context_ablation, split=args.split,
-            gold_target_context=args.gold_target_context, batch_size=args.batch_size,
-            max_tokens=args.max_tokens, beam=args.beam, max_len_a=args.max_len_a,
-            max_len_b=args.max_len_b, lenpen=args.lenpen, case_sensitive=args.case_sensitive,
-            text_args=args, langs=langs, suite_context=args.suite_context,
-            suite_json=args.suite_json, allow_partial_document=args.allow_partial_document)
+            batch_size=args.batch_size, max_tokens=args.max_tokens, beam=args.beam,
+            max_len_a=args.max_len_a, max_len_b=args.max_len_b, lenpen=args.lenpen,
+            case_sensitive=args.case_sensitive, **options)
     except (OSError, ValueError) as err:
         p.error(str(err))
     name = report_name(args.name, suite.name, args.context_ablation)

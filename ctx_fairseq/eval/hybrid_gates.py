@@ -34,6 +34,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ctx_fairseq.eval.report_files import print_written, pyplot
+
 LAYER_PREFIX = "hybrid_gates_by_layer"
 POS_PREFIX = "hybrid_gates_by_pos"
 SWEEP_PREFIX = "hybrid_window_sweep"
@@ -225,19 +227,6 @@ def collect_gates(path: str, data: str, split: str = "valid", max_tokens: int = 
 
 
 # ------------------------------------------------------------------ output
-def _plt():
-    import logging
-
-    # importing fairseq sets the root logger to DEBUG (wav2vec2_classification)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _write_atomic(path: str, text: str) -> None:
     with open(path + ".part", "w", encoding="utf-8") as f:
         f.write(text)
@@ -260,7 +249,7 @@ def write_layer_outputs(res: Dict, out_dir: str, prefix: str = LAYER_PREFIX) -> 
     tsv.append(f"all\t{res['mean_gate']:.6f}\t{sum(r['tokens'] for r in res['layers'])}\t-")
     _write_atomic(paths["tsv"], "\n".join(tsv) + "\n")
     _write_atomic(paths["json"], json.dumps(res, indent=2))
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 1 + 0.8 * len(res["layers"])), 3.5))
     names = [r["layer"] for r in res["layers"]]
     ax.bar(names, [r["mean_gate"] for r in res["layers"]], color="tab:red")
@@ -292,7 +281,7 @@ def write_pos_outputs(res: Dict, out_dir: str, layer: Optional[str] = None,
         tsv.append(f"{t['tag']}\t{t['words']}\t{vals}")
     _write_atomic(paths["tsv"], "\n".join(tsv) + "\n")
     _write_atomic(paths["json"], json.dumps(res, indent=2))
-    plt = _plt()
+    plt = pyplot()
     values = res["mean_gate"][layer]
     order = sorted(values, key=values.get)
     fig, ax = plt.subplots(figsize=(max(4, 1 + 0.6 * len(order)), 3.5))
@@ -350,8 +339,7 @@ def cli_main(argv: Optional[List[str]] = None) -> Dict[str, str]:
                           write_pos_outputs(pos, args.out_dir, args.pos_layer).items()})
     except GateAnalysisError as e:
         raise SystemExit(f"ctx-hybrid-gates: error: {e}")
-    for p in paths.values():
-        print(f"wrote {p}")
+    print_written(paths.values())
     return paths
 
 
@@ -490,7 +478,7 @@ def write_sweep_outputs(res: Dict, out_dir: str, prefix: str = SWEEP_PREFIX) -> 
     _write_atomic(paths["json"], json.dumps(res, indent=2) + "\n")
     key = res["plotted"]
     sig = res[f"{key}_signature"]
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4))
     labels = [str(r["window_size"]) for r in res["runs"]]
     ax.bar(labels, [r[key] for r in res["runs"]], color="tab:blue", alpha=0.7)
@@ -530,8 +518,7 @@ def sweep_cli_main(argv: Optional[List[str]] = None) -> Dict[str, str]:
     print(f"sacreBLEU signature: {res['sacrebleu_signature']}")
     if res["tokenized_bleu_signature"]:
         print(f"tokenized BLEU signature: {res['tokenized_bleu_signature']}")
-    for path in paths.values():
-        print(f"wrote {path}")
+    print_written(paths.values())
     return paths
 
 

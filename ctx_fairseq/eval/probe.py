@@ -88,6 +88,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
+
 __all__ = ["ProbeError", "ProbingTask", "read_probing_file", "collect_task_files",
            "GeneratedTask", "read_text", "make_sentlen", "make_wc", "make_bshift",
            "generate_tasks", "write_generated", "ProbeSettings", "ProbeClassifier",
@@ -712,14 +714,7 @@ def format_table(result: Dict) -> str:
 
 
 def plot(result: Dict, png: str) -> None:
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets DEBUG on the root
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     tasks = result["tasks"]
     xs = range(len(tasks))
     fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(tasks) + 2), 4))
@@ -734,22 +729,14 @@ def plot(result: Dict, png: str) -> None:
                                                       else "")
     ax.set_title(f"probing: {title}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def write_outputs(result: Dict, out_dir: str, prefix: str = "probe") -> Dict[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {ext: os.path.join(out_dir, f"{prefix}.{ext}") for ext in ("md", "json", "png")}
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write(f"# Probing {result['checkpoint']}"
-                + (" (randomly initialised)" if result["random_init"] else "") + "\n\n")
-        f.write(format_table(result) + "\n")
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    plot(result, paths["png"])
-    return paths
+    markdown = (f"# Probing {result['checkpoint']}"
+                + (" (randomly initialised)" if result["random_init"] else "") + "\n\n"
+                + format_table(result) + "\n")
+    return write_table_files(out_dir, prefix, markdown, result, lambda png: plot(result, png))
 
 
 # --------------------------------------------------------------------------
@@ -861,8 +848,7 @@ def _generate(args) -> Dict:
               f"(tr/va/te {n['tr']}/{n['va']}/{n['te']}) -> {g.filename}")
         for note in g.info["notes"]:
             print(f"  note: {note}")
-    for p in paths:
-        print(f"wrote {p}")
+    print_written(paths)
     return {"manifest": manifest, "paths": paths}
 
 
@@ -881,8 +867,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     print(format_table(result))
     if result["unknown_rate"] is not None:
         print(f"<unk> rate over all probing sentences: {100 * result['unknown_rate']:.2f}%")
-    for p in paths.values():
-        print(f"wrote {p}")
+    print_written(paths.values())
     return {"result": result, "paths": paths}
 
 

@@ -56,13 +56,15 @@ through forward hooks and restores everything afterwards.
 
 import argparse
 import collections
-import json
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+from ctx_fairseq.eval.context_aware_analysis import add_analysis_args
+from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
 __all__ = ["load_selective_model", "ContextRecorder", "sentence_analysis", "support_analysis",
            "format_sentence", "format_support", "cli_main", "main"]
@@ -108,6 +110,18 @@ def _doc_args(model) -> Dict[str, str]:
 def _mode(task) -> str:
     """``online`` | ``offline`` (fairseq keeps choices as enums)."""
     return str(task.cfg.document_context)
+
+
+def _setting(model, task, ds, split: str) -> Tuple[Dict[str, str], bool]:
+    """``(settings, online)``: the model's context options (:func:`_doc_args`)
+    and whether the task's document context is online, after checking that
+    a decoder-integration model has the references of ``split`` (``ds``) to
+    be teacher-forced with."""
+    cfg = _doc_args(model)
+    if cfg["integration"] == "decoder" and ds.base.tgt is None:
+        raise ValueError(f"{split} has no reference translations; decoder integration is "
+                         "analysed teacher-forced with the reference")
+    return cfg, _mode(task) == "online"
 
 
 class ContextRecorder:
@@ -226,12 +240,8 @@ def sentence_analysis(model, task, split: str = "test", line: int = 0, top_sente
     ds = _load_split(task, split)
     if not 0 <= line < len(ds):
         raise ValueError(f"line {line} is outside {split} ({len(ds)} sentences: 0..{len(ds) - 1})")
-    cfg = _doc_args(model)
+    cfg, online = _setting(model, task, ds, split)
     integration = cfg["integration"]
-    if integration == "decoder" and ds.base.tgt is None:
-        raise ValueError(f"{split} has no reference translations; decoder integration is "
-                         "analysed teacher-forced with the reference")
-    online = _mode(task) == "online"
     batch = ds.base.collater([ds.base[line]])
     ni = dict(batch["net_input"])
     ni.update(task.context_net_input(split, [line]))
@@ -430,12 +440,8 @@ def format_sentence(result: Dict) -> str:
 def support_analysis(model, task, split: str = "test", max_tokens: int = 4000) -> Dict:
     """See the module docstring (``support``)."""
     ds = _load_split(task, split)
-    cfg = _doc_args(model)
+    cfg, online = _setting(model, task, ds, split)
     integration = cfg["integration"]
-    if integration == "decoder" and ds.base.tgt is None:
-        raise ValueError(f"{split} has no reference translations; decoder integration is "
-                         "analysed teacher-forced with the reference")
-    online = _mode(task) == "online"
     device = next(model.parameters()).device
     itr = task.get_batch_iterator(ds, max_tokens=max_tokens, seed=1,
                                   disable_iterator_cache=True).next_epoch_itr(shuffle=False)
@@ -574,14 +580,7 @@ def _plot(kind: str, result: Dict, path: str) -> None:
     sentence, a panel saying so. ``support``: bar chart of the sentence
     support size per (token with context, head), with the mean support and
     gate in the title; without tokens with context, a panel saying so."""
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     if kind == "sentence":
         shown = [e for e in result["sentences"] if e["visible"]]
         top = result["top_sentences"][0] if result["top_sentences"] else None
@@ -636,22 +635,13 @@ def _plot(kind: str, result: Dict, path: str) -> None:
             ax.set_title(f"{result['split']}: mean support {f(result['mean_sentence_support'])}"
                          f" of {f(result['mean_visible_sentences'])} visible; mean gate "
                          f"{f(result['mean_gate'])}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, dpi=None)
 
 
 def write_outputs(name: str, kind: str, result: Dict, table: str,
                   out_dir: str) -> Dict[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
-    prefix = os.path.join(out_dir, name)
-    paths = {"md": prefix + ".md", "json": prefix + ".json", "png": prefix + ".png"}
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write(table + "\n")
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2, ensure_ascii=False)
-    _plot(kind, result, paths["png"])
-    return paths
+    return write_table_files(out_dir, name, table + "\n", result,
+                             lambda path: _plot(kind, result, path), ensure_ascii=False)
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -661,12 +651,8 @@ def get_parser() -> argparse.ArgumentParser:
     for name, help_ in (("sentence", "context sentences and words a sentence attends to"),
                         ("support", "sparsemax support sizes and gate over a split")):
         s = sub.add_parser(name, help=help_)
-        s.add_argument("--path", required=True, help="transformer_selective_doc checkpoint")
-        s.add_argument("--data", required=True, help="binarized data with {split}.docids")
-        s.add_argument("--split", default="test", help="(default: test)")
-        s.add_argument("--out-dir", default=".", help="where the table/JSON/PNG go")
-        s.add_argument("--png", action="store_true",
-                       help="accepted for compatibility; the PNG is always written")
+        add_analysis_args(s, "transformer_selective_doc checkpoint",
+                          "accepted for compatibility; the PNG is always written")
         if name == "sentence":
             s.add_argument("--line", type=int, required=True,
                            help="corpus line of the split (0-based)")
@@ -697,8 +683,7 @@ def cli_main(argv: Optional[Sequence[str]] = None) -> Dict[str, str]:
     except (OSError, ValueError) as err:
         p.error(str(err))
     paths = write_outputs(name, a.command, result, table, a.out_dir)
-    print(table)
-    print("\nwritten: " + ", ".join(paths.values()))
+    print_written(paths.values(), table, one_line=True)
     return paths
 
 

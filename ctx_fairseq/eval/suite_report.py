@@ -1,15 +1,53 @@
 """The report of the contrastive tools (the scorer, ``ctx-score-contrastive``,
-and generative accuracy, ``ctx-generative-accuracy``): the rows of their
-tables, their bar plot and the writer of their three files. Each tool
-keeps its own summary and columns; what they share is here."""
+and generative accuracy, ``ctx-generative-accuracy``): their accuracies
+grouped by category and antecedent distance, the rows of their tables, their
+bar plot and the writer of their three files. Each tool keeps its own
+outcomes, summary of a group and columns; what they share is here."""
 
+import collections
 import json
-import logging
 import os
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["pct", "result_rows", "accuracy_bar_plot", "write_report_files", "add_suite_args",
-           "suite_langs", "report_name", "print_report", "add_output_args"]
+from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure
+
+__all__ = ["distance_key", "group_outcomes", "pct", "result_rows", "accuracy_bar_plot",
+           "write_report_files", "add_suite_args", "suite_langs", "suite_options", "report_name",
+           "print_report", "add_output_args"]
+
+
+def distance_key(d: str):
+    """Sort key of an antecedent distance: the numbers in order, then any
+    other label (e.g. ``5+``) by name."""
+    try:
+        return (0, int(d), "")
+    except ValueError:
+        return (1, 0, d)
+
+
+def group_outcomes(suite, outcomes: Sequence[str],
+                   group: Callable[[Sequence[str]], Dict]) -> Dict:
+    """The outcomes of ``suite``'s examples (one each, in order) summarised
+    by ``group``: ``overall``; ``by_phenomenon`` (each category, in the
+    order of its first example); ``by_distance`` (each category with
+    distances, then each distance) and ``by_distance_overall`` (each
+    distance of all examples), distances in :func:`distance_key` order."""
+    cats = collections.OrderedDict()
+    for ex, o in zip(suite.examples, outcomes):
+        cats.setdefault(ex.category, []).append((ex.distance, o))
+    result = {"overall": group(outcomes), "by_phenomenon": {}, "by_distance": {},
+              "by_distance_overall": {}}
+    for cat, items in cats.items():
+        result["by_phenomenon"][cat] = group([o for _, o in items])
+        dists = sorted({d for d, _ in items if d is not None}, key=distance_key)
+        if dists:
+            result["by_distance"][cat] = {d: group([o for dd, o in items if dd == d])
+                                          for d in dists}
+    for d in sorted({ex.distance for ex in suite.examples if ex.distance is not None},
+                    key=distance_key):
+        result["by_distance_overall"][d] = group(
+            [o for ex, o in zip(suite.examples, outcomes) if ex.distance == d])
+    return result
 
 
 def pct(x) -> str:
@@ -40,13 +78,9 @@ def accuracy_bar_plot(result: Dict, png: str, title: str, ylabel: str,
     one per category when there are several), or per category when the
     suite gives no distances; ``ties``: the tied share stacked, hatched, on
     each bar (the scorer's)."""
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets DEBUG on the root
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = pyplot()
     if result.get("by_distance_overall"):
         groups = [("all", result["by_distance_overall"])]
         if len(result["by_phenomenon"]) > 1:
@@ -75,9 +109,7 @@ def accuracy_bar_plot(result: Dict, png: str, title: str, ylabel: str,
     ax.set_ylim(0, 100)
     ax.set_title(title or os.path.basename(result["suite"]))
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def write_report_files(result: Dict, prefix: str, format_fn: Callable[[Dict], str],
@@ -136,6 +168,16 @@ def suite_langs(parser, value: Optional[str]) -> Optional[Tuple[str, str]]:
     return parts[0], parts[1]
 
 
+def suite_options(parser, args) -> Dict:
+    """The keyword arguments both tools' evaluations take from the options
+    of :func:`add_suite_args` and :func:`add_output_args` (``--suite-langs``
+    checked by :func:`suite_langs`: a parser error)."""
+    return dict(cpu=not args.cuda, ablation=args.context_ablation, split=args.split,
+                gold_target_context=args.gold_target_context, text_args=args,
+                langs=suite_langs(parser, args.suite_langs), suite_context=args.suite_context,
+                suite_json=args.suite_json, allow_partial_document=args.allow_partial_document)
+
+
 def report_name(name: Optional[str], suite_name: str, ablation: str) -> str:
     """The outputs' file name part: ``--name``, else the suite's name with
     the ablation appended (``_shuffled``)."""
@@ -151,8 +193,7 @@ def print_report(result: Dict, paths: Dict[str, str], format_fn: Callable[[Dict]
     if as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
     else:
-        print(format_fn(result))
-        print("\nwritten: " + ", ".join(paths.values()))
+        print_written(paths.values(), format_fn(result), one_line=True)
 
 
 def add_output_args(p, device_help: str) -> None:

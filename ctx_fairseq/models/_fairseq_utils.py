@@ -2,14 +2,13 @@
 ``import_models`` skips modules whose name starts with an underscore): layer
 wrapping, architecture presets, checkpoint conversion and two-stage
 initialisation, plain (non-beamable) attention, the forward pass with context
-inputs (:func:`encode_and_decode`, :class:`SourceContextModel`), and the
-ctx-bench and ctx-demo hooks (:func:`bench_batch`,
-:class:`IterativeDecodingDemo`)."""
+inputs (:func:`encode_and_decode`, :class:`SourceContextModel`). The
+ctx-demo and ctx-bench hooks are the tools' (:mod:`ctx_fairseq.cli.arch_hooks`)."""
 
 import argparse
 import logging
 from contextlib import contextmanager
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -17,6 +16,8 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
+
+from ctx_fairseq.data.contract import ContextContract
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,16 @@ def wrap_layer(layer, cfg):
         layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
     min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+def layer_being_built(part) -> int:
+    """The 0-based index of the layer a fairseq encoder or decoder is building:
+    its ``__init__`` calls ``build_encoder_layer`` / ``build_decoder_layer``
+    once per layer, in order, so an override that replaces some layers counts
+    the calls (on the module, from 0 for each new one)."""
+    index = getattr(part, "_layers_built", 0)
+    part._layers_built = index + 1
+    return index
 
 
 def set_default(args, name, value):
@@ -266,40 +277,13 @@ def encode_and_decode(model, src_tokens, src_lengths, prev_output_tokens,
                          return_all_hiddens=return_all_hiddens)
 
 
-def bench_batch(task, batch_size: int, src_len: int, tgt_len: int, device,
-                **context: Tuple[int, int]) -> Dict:
-    """ctx-bench: a training batch of ``batch_size`` random sentences of
-    ``src_len`` source and ``tgt_len`` target tokens, plus, for each
-    ``NAME=(n, length)`` of ``context``, ``NAME_tokens`` (per sentence ``n``
-    context sentences of ``length`` tokens, one after the other) and
-    ``NAME_lengths``. Every sentence ends with ``</s>``; the tokens are drawn
-    in that order from a generator seeded with 1."""
-    d = task.target_dictionary
-    g = torch.Generator().manual_seed(1)
-
-    def sentences(n: int, length: int) -> Tensor:
-        t = torch.randint(d.nspecial, len(d), (batch_size, n, length), generator=g)
-        t[:, :, -1] = d.eos()
-        return t.view(batch_size, n * length)
-
-    src, tgt = sentences(1, src_len), sentences(1, tgt_len)
-    net_input = {"src_tokens": src, "src_lengths": torch.full((batch_size,), src_len),
-                 "prev_output_tokens": torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)}
-    for name, (n, length) in context.items():
-        tokens = sentences(n, length)
-        net_input[f"{name}_tokens"] = tokens
-        net_input[f"{name}_lengths"] = torch.full((batch_size,), tokens.size(1))
-    return {"id": torch.arange(batch_size), "nsentences": batch_size,
-            "ntokens": batch_size * tgt_len,
-            "net_input": {k: v.to(device) for k, v in net_input.items()},
-            "target": tgt.to(device)}
-
-
 class SourceContextModel:
     """A ``TransformerModel`` whose encoder reads the previous source
     sentences (``src_ctx_tokens``, ``src_ctx_lengths`` from the
     ``document_translation`` task) and whose decoder is given the encoder's
     output only (put before ``TransformerModel`` in the bases)."""
+
+    context_contract = ContextContract(inputs=("src_ctx_tokens", "src_ctx_lengths"))
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens,
                 src_ctx_tokens: Optional[Tensor] = None,
@@ -310,41 +294,3 @@ class SourceContextModel:
                                  return_all_hiddens, features_only, alignment_layer,
                                  alignment_heads, src_ctx_tokens=src_ctx_tokens,
                                  src_ctx_lengths=src_ctx_lengths)
-
-    @staticmethod
-    def bench_sample(task, args, batch_size: int, src_len: int, tgt_len: int, doc_len: int,
-                     device) -> Dict:
-        """ctx-bench: a training batch whose sentences each have ``doc_len``
-        context sentences of ``src_len`` tokens (:func:`bench_batch`)."""
-        return bench_batch(task, batch_size, src_len, tgt_len, device,
-                           src_ctx=(doc_len, src_len))
-
-
-# ------------------------------------------------------------------ ctx-demo
-
-
-class IterativeDecodingDemo:
-    """ctx-demo hook of a model some of whose architectures read the previous
-    target sentences (put before ``TransformerModel`` in the bases): those
-    translate the test set by two-pass iterative decoding
-    (``ctx_fairseq.cli.iterative_decode``, beam 4), pass 1 by the stage-1
-    sentence-level model when the demo has one (``first_pass``), pass 2 by the
-    model with pass 1's translations as the target context (never the
-    references), with the model's ``demo_generate_args``. The model says
-    which architectures read the target context
-    (:meth:`demo_reads_target_context`)."""
-
-    @classmethod
-    def demo_reads_target_context(cls, arch: str) -> bool:
-        raise NotImplementedError
-
-    @classmethod
-    def demo_generate_command(cls, arch: str, python: str, data: str, ckpt: str,
-                              out_dir: str, first_pass: Optional[str] = None
-                              ) -> Optional[List[str]]:
-        if not cls.demo_reads_target_context(arch):
-            return None  # fairseq-generate
-        return [python, "-m", "ctx_fairseq.cli.iterative_decode", data, "--path", ckpt,
-                "--out-dir", out_dir, "--gen-subset", "test", "--beam", "4",
-                "--max-tokens", "8000", *(["--first-pass-path", first_pass] if first_pass else []),
-                "--", *cls.demo_generate_args(arch)]

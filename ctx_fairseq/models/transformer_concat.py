@@ -25,14 +25,8 @@ CONCAT_TASK_ARGS = ["--task", "document_translation", "--concat-context",
 @register_model("transformer_concat")
 class TransformerConcatModel(TransformerModel):
     """fairseq's transformer, trained and translated on concatenated context
-    (see the module docstring)."""
-
-    demo_stage1 = None
-    demo_train_args = CONCAT_TASK_ARGS
-    demo_generate_args = CONCAT_TASK_ARGS + ["--own-target-context"]
-    #: ctx-bench builds its batch with the task's own dataset (concatenated sequences)
-    bench_task_args = ["--concat-context", "--source-context-size", "1",
-                       "--target-context-size", "1"]
+    (see the module docstring; its ctx-demo and ctx-bench options are in
+    :mod:`ctx_fairseq.cli.arch_hooks`)."""
 
 
 @register_model_architecture("transformer_concat", "transformer_concat")

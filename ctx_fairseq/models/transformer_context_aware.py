@@ -54,6 +54,7 @@ from torch import Tensor
 
 from ctx_fairseq.models._fairseq_utils import (
     SourceContextModel,
+    layer_being_built,
     load_sentence_checkpoint,
     model_shape,
     set_default,
@@ -80,16 +81,13 @@ class ContextAwareTransformerEncoder(TransformerEncoderBase):
         if cfg.encoder.layerdrop > 0:
             raise ValueError("transformer_context_aware: --encoder-layerdrop is not supported "
                              "(the shared layers must be the same for source and context)")
-        self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self.context_layer = TransformerEncoderBase.build_encoder_layer(self, cfg)
         self.context_layer_norm = (LayerNorm(cfg.encoder.embed_dim, export=cfg.export)
                                    if cfg.encoder.normalize_before else None)
 
     def build_encoder_layer(self, cfg):
-        idx = self._layers_built
-        self._layers_built += 1
-        if idx < cfg.encoder.layers - 1:
+        if layer_being_built(self) < cfg.encoder.layers - 1:
             return super().build_encoder_layer(cfg)
         return wrap_layer(ContextAwareEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
@@ -175,15 +173,10 @@ class TransformerContextAwareModel(SourceContextModel, TransformerModel):
     """Context-aware Transformer (Voita et al., 2018); see the module docstring.
 
     Use with ``--task document_translation`` (source context, e.g.
-    ``--source-context-size 1``). ``forward`` and the ctx-bench batch
-    (``bench_sample``: ``doc_len`` context sentences per sentence) are
+    ``--source-context-size 1``). ``forward`` and the context contract are
     :class:`~ctx_fairseq.models._fairseq_utils.SourceContextModel`'s."""
 
     uses_target_context = False
-
-    # ctx-demo hooks (see ctx_fairseq.cli.demo)
-    demo_train_args = ["--task", "document_translation", "--source-context-size", "1"]
-    demo_generate_args = ["--task", "document_translation", "--source-context-size", "1"]
 
     @classmethod
     def add_args(cls, parser):

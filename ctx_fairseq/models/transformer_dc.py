@@ -58,6 +58,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from ctx_fairseq.models._fairseq_utils import (
     add_sentence_init_option,
+    layer_being_built,
     load_sentence_checkpoint,
     model_shape,
     set_default,
@@ -115,13 +116,10 @@ class DCTransformerEncoder(TransformerEncoderBase):
         # set before the base __init__, which calls build_encoder_layer per layer
         self.dc_layers = tuple(sorted(dc_layers))
         self.dc_kernel_size = dc_kernel_size
-        self._next_layer_idx = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, cfg):
-        idx = self._next_layer_idx
-        self._next_layer_idx += 1
-        if idx not in self.dc_layers:
+        if layer_being_built(self) not in self.dc_layers:
             return super().build_encoder_layer(cfg)
         layer = DCTransformerEncoderLayer(cfg, dc_kernel_size=self.dc_kernel_size,
                                           return_fc=self.return_fc)
@@ -137,14 +135,11 @@ class DCTransformerDecoder(TransformerDecoderBase):
                  dc_kernel_size: int = 2):
         self.dc_layers = tuple(sorted(dc_layers))
         self.dc_kernel_size = dc_kernel_size
-        self._next_layer_idx = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        idx = self._next_layer_idx
-        self._next_layer_idx += 1
-        if idx not in self.dc_layers:
+        if layer_being_built(self) not in self.dc_layers:
             return super().build_decoder_layer(cfg, no_encoder_attn)
         layer = DCTransformerDecoderLayer(cfg, no_encoder_attn=no_encoder_attn,
                                           dc_kernel_size=self.dc_kernel_size)

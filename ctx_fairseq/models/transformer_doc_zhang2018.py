@@ -72,6 +72,7 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
+from ctx_fairseq.data.contract import task_options
 from ctx_fairseq.models._fairseq_utils import (
     SourceContextModel,
     load_sentence_checkpoint,
@@ -359,18 +360,10 @@ class ZhangDecoder(_HandsContext, TransformerDecoderBase):
 class TransformerDocZhang2018Model(SourceContextModel, TransformerModel):
     """The document-level Transformer of Zhang et al. (2018); see the module
     docstring. Use with ``--task document_translation --source-context-size 2``.
-    ``forward`` and the ctx-bench batch (``bench_sample``: ``doc_len``
-    previous sentences per sentence; ``--doc-len 2``: the paper's context) are
+    ``forward`` and the context contract are
     :class:`~ctx_fairseq.models._fairseq_utils.SourceContextModel`'s."""
 
     uses_target_context = False
-
-    # ctx-demo hooks (ctx_fairseq.cli.demo): the paper's two-step training, step 1 the
-    # sentence-level transformer, step 2 the document-level parameters only
-    demo_stage1 = "transformer"
-    demo_generate_args = ["--task", "document_translation",
-                          "--source-context-size", str(PAPER_CONTEXT_SIZE)]
-    demo_train_args = demo_generate_args + ["--freeze-sentence-level"]
 
     @classmethod
     def add_args(cls, parser):
@@ -402,10 +395,9 @@ class TransformerDocZhang2018Model(SourceContextModel, TransformerModel):
             raise ValueError("transformer_doc_zhang2018: --checkpoint-activations is not "
                              "supported (the context reaches the layers outside their "
                              "arguments)")
-        tcfg = getattr(task, "cfg", None)
-        if tcfg is not None and hasattr(tcfg, "source_context_size"):
-            n = int(tcfg.source_context_size or 0)
-            whole = (getattr(tcfg, "document_context", "none") or "none") != "none"
+        options = task_options(task)
+        if options is not None and options.document_task:
+            n, whole = options.source_context_size, options.whole_document
             if n <= 0 and not whole:
                 raise ValueError("transformer_doc_zhang2018 needs source context: "
                                  f"--source-context-size {PAPER_CONTEXT_SIZE} (the paper's)")

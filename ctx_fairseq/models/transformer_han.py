@@ -81,15 +81,13 @@ from fairseq.models.transformer import (
 from fairseq.models.transformer.transformer_legacy import base_architecture
 from torch import Tensor
 
+from ctx_fairseq.data.contract import ContextContract, task_options
 from ctx_fairseq.models._fairseq_utils import (
-    IterativeDecodingDemo,
-    bench_batch,
     decode_static,
     encode_and_decode,
     encode_static,
     load_sentence_checkpoint,
     plain_attention,
-    preset,
     set_default,
     tiny_shape,
     to_namespace,
@@ -335,15 +333,14 @@ class HANDecoder(TransformerDecoderBase):
 
 
 @register_model("transformer_han")
-class TransformerHANModel(IterativeDecodingDemo, TransformerModel):
+class TransformerHANModel(TransformerModel):
     """Hierarchical Attention Network (Miculicich et al., 2018); see the
     module docstring. Use with ``--task document_translation
     --source-context-size 3`` (HAN decoder: also ``--target-context-size 3``)."""
 
-    #: ctx-demo: the joint model (HAN encoder + HAN decoder), the paper's best
-    demo_archs = ["transformer_han"]
-    #: ctx-demo: stage 1 is the sentence-level transformer (two-stage training)
-    demo_stage1 = "transformer"
+    context_contract = ContextContract(inputs=tuple(
+        f"{side}_ctx_{part}" for side in ("src", "tgt")
+        for part in ("tokens", "lengths", "sentences", "present")))
 
     @classmethod
     def add_args(cls, parser):
@@ -385,25 +382,22 @@ class TransformerHANModel(IterativeDecodingDemo, TransformerModel):
         if k < 1:
             raise ValueError(f"--han-context-sentences must be >= 1, got {k}")
         decoder_side = args.han_side in ("both", "decoder")
-        tcfg = getattr(task, "cfg", None)
-        if tcfg is not None and hasattr(tcfg, "source_context_size"):
+        options = task_options(task)
+        if options is not None and options.document_task:
             want = [("source_context_size", k)]
             if decoder_side:
                 want.append(("target_context_size", k))
-            wrong = [f"--{n.replace('_', '-')} {getattr(tcfg, n)}" for n, v in want
-                     if int(getattr(tcfg, n)) != v]
-            if wrong or getattr(tcfg, "context_direction", "prev") != "prev" or \
-                    (getattr(tcfg, "document_context", "none") or "none") != "none":
+            wrong = [f"--{n.replace('_', '-')} {getattr(options, n)}" for n, v in want
+                     if getattr(options, n) != v]
+            if wrong or options.context_direction != "prev" or options.whole_document:
                 need = " ".join(f"--{n.replace('_', '-')} {v}" for n, v in want)
                 raise ValueError(
                     f"transformer_han (--han-side {args.han_side}) attends to the {k} previous "
                     f"sentences: use --task document_translation {need} --context-direction "
                     f"prev (got {', '.join(wrong) or 'other context options'}; "
                     "--han-context-sentences changes k)")
-            sep = getattr(tcfg, "context_separator", None)
-            if sep:
-                idx = task.source_dictionary.index(sep)
-                args.han_separator = idx if idx != task.source_dictionary.unk() else None
+            if options.context_separator:
+                args.han_separator = options.context_separator_index
         if decoder_side and (getattr(args, "decoder_output_dim", None) or
                              args.decoder_embed_dim) != args.decoder_embed_dim:
             raise ValueError("transformer_han: the HAN decoder gates the decoder states; "
@@ -508,54 +502,6 @@ class TransformerHANModel(IterativeDecodingDemo, TransformerModel):
             stats[f"ctx_mass_{side}"] = torch.stack([n_ctx - gate_sum, n_ctx])
             stats[f"ctx_frac_{side}"] = torch.stack([n_ctx, n_tok])
         return stats
-
-    # ------------------------------------------------------------ ctx-demo hooks
-    @classmethod
-    def demo_task_args(cls, arch: str) -> List[str]:
-        k = str(preset(arch).han_context_sentences)
-        args = ["--task", "document_translation", "--source-context-size", k]
-        if cls.demo_reads_target_context(arch):
-            args += ["--target-context-size", k]
-        return args
-
-    @classmethod
-    def demo_train_args(cls, arch: str) -> List[str]:
-        return cls.demo_task_args(arch)
-
-    @classmethod
-    def demo_generate_args(cls, arch: str) -> List[str]:
-        return cls.demo_task_args(arch)
-
-    @classmethod
-    def demo_reads_target_context(cls, arch: str) -> bool:
-        """The HAN decoder reads the previous target sentences: translated by
-        two-pass iterative decoding (see ``IterativeDecodingDemo``)."""
-        return preset(arch).han_side in ("both", "decoder")
-
-    # ------------------------------------------------------------ ctx-bench hook
-    @staticmethod
-    def bench_sample(task, args, batch_size: int, src_len: int, tgt_len: int, doc_len: int,
-                     device) -> Dict:
-        """A training batch in the task's format with ``k`` previous sentences
-        (``--han-context-sentences``, 3 by default; ``doc_len`` is not used:
-        the HAN's context is its ``k`` sentences) of ``src_len`` source and
-        ``tgt_len`` target tokens per sentence, each ended by ``</s>``; with the
-        one-row-per-sentence layout the task's collater adds for this model
-        (``*_ctx_sentences``, ``*_ctx_present``, built on the CPU)."""
-        k = int(getattr(args, "han_context_sentences", 3) or 3)
-        sample = bench_batch(task, batch_size, src_len, tgt_len, "cpu",
-                             src_ctx=(k, src_len), tgt_ctx=(k, tgt_len))
-        ni = sample["net_input"]
-        d = task.source_dictionary
-        for side in ("src", "tgt"):  # the layout the task's collater gives it (on the CPU)
-            rows, present = split_context(ni[f"{side}_ctx_tokens"], d.pad(), (d.eos(),),
-                                          d.eos(), k, non_words=(d.bos(),))
-            ni[f"{side}_ctx_sentences"] = rows.view(batch_size, k, -1)
-            ni[f"{side}_ctx_present"] = present
-        sample["net_input"] = {n: v.to(device) if torch.is_tensor(v) else v for n, v in ni.items()}
-        sample["target"] = sample["target"].to(device)
-        return sample
-
 
 # --------------------------------------------------------------------------- presets
 

@@ -67,6 +67,7 @@ from torch import Tensor
 
 from ctx_fairseq.models._fairseq_utils import (
     add_sentence_init_option,
+    layer_being_built,
     load_sentence_checkpoint,
     warn_sentence_init_unread,
     wrap_layer,
@@ -189,13 +190,10 @@ class HybridTransformerEncoder(TransformerEncoder):
                  hybrid: HybridSettings = None):
         self.hybrid = hybrid if hybrid is not None else HybridSettings.from_args(args)
         self.hybrid_layers = self.hybrid.encoder_layers
-        self._layers_built = 0
         super().__init__(args, dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, args):
-        index = self._layers_built
-        self._layers_built += 1
-        if index not in self.hybrid_layers:
+        if layer_being_built(self) not in self.hybrid_layers:
             return super().build_encoder_layer(args)
         cfg = TransformerConfig.from_namespace(args)
         layer = HybridTransformerEncoderLayer(cfg, self.hybrid.attention,
@@ -210,14 +208,11 @@ class HybridTransformerDecoder(TransformerDecoder):
                  output_projection=None, hybrid: HybridSettings = None):
         self.hybrid = hybrid if hybrid is not None else HybridSettings.from_args(args)
         self.hybrid_layers = self.hybrid.decoder_layers
-        self._layers_built = 0
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
     def build_decoder_layer(self, args, no_encoder_attn=False):
-        index = self._layers_built
-        self._layers_built += 1
-        if index not in self.hybrid_layers:
+        if layer_being_built(self) not in self.hybrid_layers:
             return super().build_decoder_layer(args, no_encoder_attn=no_encoder_attn)
         cfg = TransformerConfig.from_namespace(args)
         layer = HybridTransformerDecoderLayer(cfg, self.hybrid.attention,

@@ -35,7 +35,13 @@ Choices where the paper is silent:
 * **Visibility.** Memory sentence ``s`` is visible to query sentence ``b`` iff
   same document, ``s`` has at least one real word, and ``mem_pos[s] <
   query_pos[b]`` (online) or ``mem_pos[s] != query_pos[b]`` (offline). The
-  current sentence is never visible, later ones never online. Masking is exact:
+  current sentence is never visible, later ones never online. With a
+  per-query window ``query_window`` (``(B,)`` long, from the collater: a
+  scorer's ``--context-size N`` or ``--sample-context-size K``'s draw; not in
+  the paper, which reads the whole document) only the sentences at most
+  ``query_window[b]`` positions away stay visible: ``0 < query_pos[b] -
+  mem_pos[s] <= w`` online, ``0 < |query_pos[b] - mem_pos[s]| <= w``
+  offline; ``w = 0`` is the empty context. Masking is exact:
   :func:`masked_normalize` fills disallowed scores with the dtype's lowest
   finite value ``torch.finfo(dtype).min`` (no ``-inf``/``1e9`` that would
   overflow in half precision; sparsemax and softmax both give exactly 0
@@ -355,11 +361,13 @@ class HierarchicalContextAttention(nn.Module):
         return query_doc.index_select(0, new_order), query_pos.index_select(0, new_order)
 
     def query_layout(self, memory: ProjectedMemory, query_doc: Tensor, query_pos: Tensor,
-                     online: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                     online: bool, query_window: Optional[Tensor] = None
+                     ) -> Tuple[Tensor, Tensor, Tensor]:
         """Each query sentence's memory sentences (static shapes, no host read):
         ``rows`` (``B x S_max``, memory rows of its document in position order),
         ``valid`` (real entries) and ``vis`` (visible: valid, at least one real
-        word, and before the query (online) / not the query (offline))."""
+        word, and before the query (online) / not the query (offline), and
+        with ``query_window`` at most that many positions away)."""
         D = memory.doc_ids.numel()
         slot = torch.searchsorted(memory.doc_ids, query_doc).clamp(max=max(D - 1, 0))
         found = memory.doc_ids[slot] == query_doc  # a document absent from the memory
@@ -368,6 +376,8 @@ class HierarchicalContextAttention(nn.Module):
         mp = memory.pos[rows]
         qp = query_pos.unsqueeze(1)
         rel = mp < qp if online else mp != qp
+        if query_window is not None:
+            rel = rel & ((qp - mp).abs() <= query_window.unsqueeze(1))
         return rows, valid, valid & rel & memory.has_word[rows]
 
     # ----------------------------------------------------------------- forward
@@ -375,9 +385,12 @@ class HierarchicalContextAttention(nn.Module):
                 query_pos: Tensor, online: bool, query_padding_mask: Optional[Tensor] = None,
                 need_weights: bool = False, need_word_weights: bool = False,
                 return_stats: bool = False, query_groups: Optional[Tensor] = None,
-                query_tokens: Optional[Tensor] = None,
-                group_rows=None) -> Tuple[Tensor, Dict[str, Tensor]]:
+                query_tokens: Optional[Tensor] = None, group_rows=None,
+                query_window: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Context attention for ``query`` (``T x B x C``) over ``memory``.
+
+        ``query_window`` (``(B,)`` long, optional): each query's largest
+        visible distance in sentences (see the module docstring).
 
         ``query_tokens`` (``D x M_max``, with ``query_groups``; the collater's
         ``query_doc_tokens``): the flat positions ``b T + t`` of each
@@ -447,7 +460,8 @@ class HierarchicalContextAttention(nn.Module):
             a_w = query.new_zeros(B, H, T, 0, memory.max_len) if want_word_w else None
             st = query.new_zeros(6, dtype=torch.float64) if return_stats else None
         else:
-            rows, valid, vis = self.query_layout(memory, query_doc, query_pos, online)
+            rows, valid, vis = self.query_layout(memory, query_doc, query_pos, online,
+                                                 query_window)
             doc_rows = memory.doc_rows
             s_real = s_max  # reported weights: the memory index's own width
             extra = -s_max % self.word_block
@@ -753,7 +767,8 @@ class DocumentContextLayer(nn.Module):
                 query_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
                 need_word_weights: bool = False, return_stats: bool = False,
                 query_groups: Optional[Tensor] = None, query_tokens: Optional[Tensor] = None,
-                group_rows=None) -> Tuple[Tensor, Dict[str, Tensor]]:
+                group_rows=None, query_window: Optional[Tensor] = None
+                ) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Returns ``(r~, info)``: ``r~`` ``T x B x C``; ``info`` holds the
         attention's info plus ``d`` (context layer output) and ``gate``
         (``gamma``, 1 where bypassed). With ``return_stats`` also (float64)
@@ -765,7 +780,8 @@ class DocumentContextLayer(nn.Module):
             r if query is None else query, memory, query_doc, query_pos, online,
             query_padding_mask=query_padding_mask, need_weights=need_weights,
             need_word_weights=need_word_weights, return_stats=return_stats,
-            query_groups=query_groups, query_tokens=query_tokens, group_rows=group_rows)
+            query_groups=query_groups, query_tokens=query_tokens, group_rows=group_rows,
+            query_window=query_window)
         x = self.attn_layer_norm(self.dropout_module(a))
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
         x = self.final_layer_norm(self.dropout_module(self.fc2(x)))

@@ -1,8 +1,9 @@
 """What the corpus readers share: a document's type (its id and sentence
 pairs), the summary of a preparation, the counts of what a reader dropped
-(:class:`CorpusStats`), and the cleaning of line breaks and white space
-inside sentences; the input error and the ``.docids`` reader are the runtime
-data's (:mod:`ctx_fairseq.data.docids`)."""
+(:class:`CorpusStats`), the lines of a UTF-8 text file split at ``\\n`` only
+(:func:`read_text_lines`), and the cleaning of line breaks and white space
+inside sentences; the input error and the ``.docids`` reader are the
+runtime data's (:mod:`ctx_fairseq.data.docids`)."""
 
 import collections
 import re
@@ -30,6 +31,34 @@ class PrepSummary(NamedTuple):
     line_breaks_replaced: int  # line breaks inside sentences turned into spaces
     hyp_file: Optional[str] = None  # wmt --hyp-system: PREFIX.hyp.L2
     note: str = ""  # wmt: which references were used, what was skipped
+
+
+def read_text_lines(path: str) -> List[str]:
+    """Lines of a UTF-8 file split at ``\\n`` only (so that line numbers are
+    those an editor shows); a trailing ``\\r`` is dropped, a byte-order mark too."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as err:
+        raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
+    return decode_text_lines(path, raw)
+
+
+def decode_text_lines(path: str, raw: bytes) -> List[str]:
+    """The lines of ``raw``, a UTF-8 file's bytes (``path`` names it in
+    errors), as :func:`read_text_lines` splits them."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise PrepDocsError(path, line, f"not UTF-8 ({err.reason} at byte {err.start}); "
+                                        "expected a UTF-8 file") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [x[:-1] if x.endswith("\r") else x for x in lines]
 
 
 def clean_text(text: str) -> Tuple[str, int]:

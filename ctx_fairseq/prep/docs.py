@@ -61,7 +61,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ctx_fairseq.data.docids import read_docid_lines as read_docids  # noqa: F401
 # the readers by format, re-exported (the library entry points above)
 from ctx_fairseq.prep.common import (  # noqa: F401
-    LINE_BREAK_RUN, WHITESPACE, ParallelDoc, PrepDocsError, PrepSummary, clean_text)
+    LINE_BREAK_RUN, WHITESPACE, ParallelDoc, PrepDocsError, PrepSummary, clean_text,
+    decode_text_lines)
+from ctx_fairseq.prep.common import read_text_lines as _read_text_lines
 from ctx_fairseq.prep.common import check_docid as _check_docid
 from ctx_fairseq.prep.text_docs import load_blank_lines, load_docids, load_tags  # noqa: F401
 from ctx_fairseq.prep.xml_docs import (  # noqa: F401
@@ -85,15 +87,24 @@ _SGML_STARTS_WITH_STRUCT = re.compile(r"\s*<(/?)(seg|doc|p|srcset|refset|tstset|
 _SGML_SEG_CLOSE = re.compile(r"</seg\s*>", re.I)
 _SGML_ATTR = re.compile(r"""([A-Za-z_][\w.:-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""")
 _ENTITY = re.compile(r"&(?:#([0-9]{1,8})|#[xX]([0-9a-fA-F]{1,8})|([A-Za-z][A-Za-z0-9]{0,31}));")
+# the five entities XML predefines (entities="xml")
+_XML_ENTITY = re.compile(r"&(amp|lt|gt|quot|apos);")
+_XML_ENTITIES = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
+ENTITY_SETS = ("html", "xml")
 
 
-
-def _unescape_entities(text: str) -> str:
+def _unescape_entities(text: str, entities: str = "html") -> str:
     """Unescape ``&name;``, ``&#N;`` and ``&#xN;`` (HTML5 entity names). An
     ``&`` that does not start such an entity (``AT&T``, ``a & b``) and unknown
     names (``&foo;``) are kept as they are; unlike ``html.unescape``, names
-    without the closing ``;`` (``&copy``) are never unescaped."""
+    without the closing ``;`` (``&copy``) are never unescaped. ``entities="xml"``
+    unescapes only the five entities XML predefines (``&amp;``, ``&lt;``,
+    ``&gt;``, ``&quot;``, ``&apos;``, as ``xml.sax.saxutils.unescape`` with the
+    last two added) and keeps every other one (``&#39;``, ``&nbsp;``) as text."""
     import html.entities
+
+    if entities == "xml":
+        return _XML_ENTITY.sub(lambda m: _XML_ENTITIES[m.group(1)], text)
 
     def repl(m: "re.Match") -> str:
         if m.group(3) is not None:
@@ -116,35 +127,8 @@ def _sgml_attrs(text: str) -> Dict[str, str]:
     return attrs
 
 
-def _read_text_lines(path: str) -> List[str]:
-    """Lines of a UTF-8 file split at ``\\n`` only (so that line numbers are
-    those an editor shows); a trailing ``\\r`` is dropped, a byte-order mark too."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as err:
-        raise PrepDocsError(path, None, f"cannot read: {err.strerror or err}") from None
-    return decode_text_lines(path, raw)
-
-
-def decode_text_lines(path: str, raw: bytes) -> List[str]:
-    """The lines of ``raw``, a UTF-8 file's bytes (``path`` names it in
-    errors), as :func:`_read_text_lines` splits them."""
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise PrepDocsError(path, line, f"not UTF-8 ({err.reason} at byte {err.start}); "
-                                        "expected a UTF-8 file") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [x[:-1] if x.endswith("\r") else x for x in lines]
-
-
-def _parse_sgml(path: str, allow_empty: bool) -> Tuple[List[ParsedDoc], int, int]:
+def _parse_sgml(path: str, allow_empty: bool,
+                entities: str = "html") -> Tuple[List[ParsedDoc], int, int]:
     """Read one WMT ``.sgm`` file tolerantly. Returns (documents, number of
     lines, number of line breaks replaced inside segments).
 
@@ -157,8 +141,11 @@ def _parse_sgml(path: str, allow_empty: bool) -> Tuple[List[ParsedDoc], int, int
     next line is blank, starts with one of those tags or does not exist
     (otherwise the segment goes on over the next line). A ``<doc>`` without
     ``</doc>`` ends at the next ``<doc>`` or at the end of the file. Entities
-    are unescaped with :func:`_unescape_entities` (a bare ``&`` stays ``&``);
+    are unescaped with :func:`_unescape_entities` (a bare ``&`` stays ``&``;
+    ``entities`` picks its set: ``html`` or only the five of XML, ``xml``);
     a ``<`` that does not start one of those tags is text."""
+    if entities not in ENTITY_SETS:
+        raise ValueError(f"entities must be one of {ENTITY_SETS}, not {entities!r}")
     lines = _read_text_lines(path)
     docs: List[ParsedDoc] = []
     first_line: Dict[str, int] = {}
@@ -170,7 +157,7 @@ def _parse_sgml(path: str, allow_empty: bool) -> Tuple[List[ParsedDoc], int, int
         nonlocal seg, replaced
         assert seg is not None and cur is not None
         segid, start, parts = seg
-        text, n = clean_text(_unescape_entities("\n".join(parts)).strip())
+        text, n = clean_text(_unescape_entities("\n".join(parts), entities).strip())
         replaced += n
         if not text and not allow_empty:
             raise PrepDocsError(path, start, f"document {cur.docid}, segment {segid}: empty segment; "
@@ -255,24 +242,30 @@ def _parse_sgml(path: str, allow_empty: bool) -> Tuple[List[ParsedDoc], int, int
     return docs, len(lines), replaced
 
 
-def read_sgml_documents(path: str, allow_empty: bool = False) -> List[Tuple[str, List[Tuple[str, str]]]]:
+def read_sgml_documents(path: str, allow_empty: bool = False,
+                        entities: str = "html") -> List[Tuple[str, List[Tuple[str, str]]]]:
     """Read one WMT ``.sgm`` file (``newstest2019-ende-src.en.sgm``, ...)
     tolerantly: ``[(docid, [(segid, text), ...]), ...]`` in file order. See
     :func:`_parse_sgml` for what is tolerated; a ``<doc>`` without docid or
     without segments, duplicate docids, a ``<seg>`` outside a ``<doc>`` or
     without id, duplicate segment ids in a document and (unless
-    ``allow_empty``) empty segments raise :class:`PrepDocsError`."""
-    docs, _, _ = _parse_sgml(path, allow_empty)
+    ``allow_empty``) empty segments raise :class:`PrepDocsError`. ``entities``:
+    which entities the text unescapes (:func:`_unescape_entities`)."""
+    docs, _, _ = _parse_sgml(path, allow_empty, entities)
     check_unique_segids(path, docs)
     return [(d.docid, [(s.segid, s.text) for s in d.segs]) for d in docs]
 
 
-def load_sgml(src_sgm: str, tgt_sgm: str, allow_empty: bool = False) -> Tuple[List[ParallelDoc], int]:
+def load_sgml(src_sgm: str, tgt_sgm: str, allow_empty: bool = False,
+              entities: str = "html") -> Tuple[List[ParallelDoc], int]:
     """Read and align a pair of WMT ``.sgm`` files (a ``srcset`` and a
     ``refset``): the same documents in the same order, each with the same
-    segment ids in the same order. Returns (documents, line breaks replaced)."""
-    src_docs, src_lines, n1 = _parse_sgml(src_sgm, allow_empty)
-    tgt_docs, tgt_lines, n2 = _parse_sgml(tgt_sgm, allow_empty)
+    segment ids in the same order. Returns (documents, line breaks replaced).
+    ``entities``: ``html`` (HTML5 names and numeric references, the default)
+    or ``xml`` (the five XML entities only; the sentence-level recipes' text,
+    :mod:`ctx_fairseq.prep.recipe_text`)."""
+    src_docs, src_lines, n1 = _parse_sgml(src_sgm, allow_empty, entities)
+    tgt_docs, tgt_lines, n2 = _parse_sgml(tgt_sgm, allow_empty, entities)
     return align_docs(src_sgm, src_docs, src_lines, tgt_sgm, tgt_docs, tgt_lines), n1 + n2
 
 

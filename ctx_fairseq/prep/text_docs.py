@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ctx_fairseq.data.docids import read_docid_lines as read_docids
 from ctx_fairseq.prep.common import (
-    WHITESPACE, ParallelDoc, PrepDocsError, check_docid, clean_text, read_lines)
+    WHITESPACE, ParallelDoc, PrepDocsError, check_docid, clean_text, read_lines, read_text_lines)
 
 # --------------------------------------------------------------------------
 # plain text
@@ -121,7 +121,8 @@ def _tag_talk_ids(path: str, lines: List[str], start: int, end: int) -> List[Tup
     return ids
 
 
-def load_tags(src: str, tgt: str, allow_empty: bool = False) -> Tuple[List[ParallelDoc], int, List[str]]:
+def load_tags(src: str, tgt: str, allow_empty: bool = False,
+              universal_newlines: bool = True) -> Tuple[List[ParallelDoc], int, List[str]]:
     """Read a pair of IWSLT ``train.tags.L1-L2.{L1,L2}`` files.
 
     Lines whose first non-blank character is ``<`` are metadata (``<url>``,
@@ -139,8 +140,15 @@ def load_tags(src: str, tgt: str, allow_empty: bool = False) -> Tuple[List[Paral
     ``allow_empty``). A run naming several talks holds talks without any
     transcript line: they are skipped and their ids returned (the summary
     line counts them); metadata after the last transcript line (``</doc>``)
-    is ignored. Returns (documents, line breaks replaced, skipped talk ids)."""
-    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+    is ignored. Returns (documents, line breaks replaced, skipped talk ids).
+
+    Lines end where Python's universal newlines end them (``\\n``, ``\\r\\n``,
+    ``\\r``, as fairseq-preprocess reads), or with ``universal_newlines=False``
+    at ``\\n`` only (:func:`~ctx_fairseq.prep.common.read_text_lines`: a stray
+    ``\\r`` inside a line is then a line break inside the segment, replaced by
+    a space like any other; the sentence-level recipes' reading)."""
+    read = read_lines if universal_newlines else read_text_lines
+    src_lines, tgt_lines = read(src), read(tgt)
     _check_counts([(src, src_lines), (tgt, tgt_lines)])
     n = len(src_lines)
     if n == 0:

@@ -1,16 +1,19 @@
 """The document task's context options in one place: the declared list of
 options that change what a model sees (a checkpoint is translated with the
 values it was trained with), their check before any data is read
-(:func:`validate_context_options`), and their command-line form for tools
-that rebuild a checkpoint's command line (:func:`context_option_args`)."""
+(:func:`validate_context_options`), their command-line form for tools
+that rebuild a checkpoint's command line (:func:`context_option_args`), and
+what the models the task builds may read of them (:func:`options_for_models`,
+the model-task contract of :mod:`ctx_fairseq.data.contract`)."""
 
 from typing import Any, List
 
+from ctx_fairseq.data.contract import TaskContextOptions
 from ctx_fairseq.data.windows import check_context_sizes
 from ctx_fairseq.errors import InputError
 
 __all__ = ["CONTEXT_OPTIONS", "FLAG_OPTIONS", "validate_context_options",
-           "context_option_args"]
+           "context_option_args", "options_for_models"]
 
 #: options that change what a model sees, compared with the checkpoint's
 #: (``DocumentTranslationTask.check_context_options``)
@@ -91,3 +94,25 @@ def context_option_args(task_cfg) -> List[str]:
         else:
             args += [flag, str(value)]
     return args
+
+
+def options_for_models(cfg, src_dict) -> TaskContextOptions:
+    """The task configuration's context options as the models it builds read
+    them (``DocumentTranslationTask.context_options_for_models``), the
+    separator with its index in the source dictionary (None where it is not
+    in it)."""
+    sep = cfg.context_separator or None
+    sep_index = None
+    if sep:
+        idx = src_dict.index(sep)
+        sep_index = idx if idx != src_dict.unk() else None
+    return TaskContextOptions(
+        source_context_size=int(cfg.source_context_size),
+        target_context_size=int(cfg.target_context_size),
+        context_direction=str(cfg.context_direction),
+        document_context=str(cfg.document_context or "none"),
+        document_memory=bool(cfg.document_memory),
+        memory_precomputed=bool(cfg.memory_precomputed),
+        length_buckets=int(cfg.length_buckets or 1),
+        left_pad_source=bool(cfg.left_pad_source), left_pad_target=bool(cfg.left_pad_target),
+        context_separator=sep, context_separator_index=sep_index)

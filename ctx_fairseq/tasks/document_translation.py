@@ -82,7 +82,7 @@ Batch sizes count the context tokens (see
 ``--max-tokens`` bounds the padded source + source context (and target +
 target context) tensors of every batch, the context counted as the model lays
 it out (its ``context_layout``, read when the task builds the model and set
-on every split: :func:`model_context_layout`). Contexts longer than
+on every split: :func:`ctx_fairseq.data.contract.model_contract`). Contexts longer than
 ``--max-source-positions`` / ``--max-target-positions`` keep the sentences
 nearest the current one; how many tokens were cut is logged once per split.
 
@@ -109,7 +109,6 @@ is built for a new run only; when fairseq will restore a checkpoint
 ``--finetune-from-model``), the initialisation is skipped and not re-read.
 """
 
-import inspect
 import logging
 import os
 from collections import deque
@@ -128,6 +127,7 @@ from omegaconf import II
 
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.concat_dataset import ConcatContextDataset, concat_limits, strip_prefix
+from ctx_fairseq.data.contract import TaskContextOptions, model_contract
 from ctx_fairseq.data.document_dataset import (
     ABLATIONS,
     DIRECTIONS,
@@ -139,7 +139,11 @@ from ctx_fairseq.data.document_dataset import (
     read_docids,
 )
 from ctx_fairseq.errors import InputError
-from ctx_fairseq.tasks.context_options import CONTEXT_OPTIONS, validate_context_options
+from ctx_fairseq.tasks.context_options import (
+    CONTEXT_OPTIONS,
+    options_for_models,
+    validate_context_options,
+)
 from ctx_fairseq.tasks.generation import (
     ForcedPrefixes,
     OwnTargetContextState,
@@ -268,19 +272,6 @@ def read_target_context_file(path: str, dictionary, expected: int) -> List[torch
             for line in lines]
 
 
-def model_context_layout(model) -> Dict[str, str]:
-    """How ``model`` lays out the context inputs it is given, per side, which
-    is what ``--max-tokens`` must count (``CONTEXT_LAYOUTS`` of
-    :mod:`ctx_fairseq.data.document_dataset`). A model declares it as
-    ``context_layout`` (an attribute or property: one name, or a dict per
-    side); without one it processes the ``B x Tc`` tensors as the task
-    delivers them (``concatenated``). A model that re-lays the context out
-    must declare it: ``tests/test_document_task.py`` checks, for every
-    registered architecture that reads per-sentence context, that the tokens
-    it embeds stay within the ``--max-tokens`` of the task's batches."""
-    return normalise_context_layout(getattr(model, "context_layout", None))
-
-
 @register_task("document_translation", dataclass=DocumentTranslationConfig)
 class DocumentTranslationTask(TranslationTask):
     """Translation with document structure and context sentences in
@@ -316,6 +307,11 @@ class DocumentTranslationTask(TranslationTask):
     def uses_context(self) -> bool:
         return (self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0
                 or bool(self.cfg.document_memory))
+
+    def context_options_for_models(self) -> TaskContextOptions:
+        """The context options the models this task builds may read
+        (:func:`ctx_fairseq.data.contract.task_options`)."""
+        return options_for_models(self.cfg, self.source_dictionary)
 
     def context_keys(self) -> List[str]:
         """The ``net_input`` keys this task's batches carry context in."""
@@ -363,7 +359,7 @@ class DocumentTranslationTask(TranslationTask):
         given = {"ablation": c.context_ablation, "context_size": None,
                  "isolate_sentences": False}
         if condition is not None:
-            given = condition.dataset_args(whole)
+            given = condition.dataset_args(whole, bool(c.document_memory))
         limits = {"src": c.max_source_positions, "tgt": c.max_target_positions}
         if c.concat_context:
             limits = concat_limits(base, c.max_source_positions, c.max_target_positions,
@@ -767,25 +763,21 @@ class DocumentTranslationTask(TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
+        contract = model_contract(model)
+        arch = getattr(cfg, "arch", type(model).__name__)
         if self.cfg.concat_context:
-            if hasattr(model, "finish_setup") or any(
-                    k in inspect.signature(model.forward).parameters
-                    for k in ("src_ctx_tokens", "mem_src_tokens")):
+            if hasattr(model, "finish_setup") or contract.inputs:
                 raise InputError("--concat-context is for sentence-level architectures; "
-                                 f"{getattr(cfg, 'arch', type(model).__name__)} reads context "
-                                 "inputs of its own")
+                                 f"{arch} reads context inputs of its own")
         elif self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0:
-            params = inspect.signature(model.forward).parameters
-            key = self.context_keys()[0]
-            takes = key in params or any(
-                p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
-            if not takes:
+            if not contract.inputs:  # a context model's unread side: warned below
                 raise InputError(
-                    f"--arch {getattr(cfg, 'arch', type(model).__name__)} does not take document "
-                    f"context (its forward has no {key}); use a context-aware "
-                    "architecture or --source-context-size 0 --target-context-size 0")
+                    f"--arch {arch} does not take document context (its forward has no "
+                    f"{self.context_keys()[0]}: its class declares no context_contract); use a "
+                    "context-aware architecture or --source-context-size 0 "
+                    "--target-context-size 0")
         if not self.cfg.concat_context:
-            self.set_context_layout(model_context_layout(model))
+            self.set_context_layout(contract.layout)
         path = getattr(cfg, "init_from_sentence_checkpoint", None)
         restore = None if from_checkpoint else self.checkpoint_to_restore()
         if path and restore:
@@ -797,7 +789,7 @@ class DocumentTranslationTask(TranslationTask):
         elif init and hasattr(model, "load_sentence_checkpoint"):
             model.load_sentence_checkpoint(init)
         if (self.cfg.target_context_size > 0 and not self.cfg.concat_context
-                and not getattr(model, "uses_target_context", False)):
+                and not contract.uses_target_context):
             logger.warning(f"{type(model).__name__} does not use target context; "
                            "--target-context-size only costs time")
         return model

@@ -75,11 +75,4 @@ prep() {
     ctx_check_splits "$WORK/docs" "$SRC" "$TGT"
 }
 
-if [ -n "$RAW" ]; then
-    log "skip download (--raw $RAW)"
-else
-    smoke_needs_raw
-    step download download
-fi
-step prep prep
-ctx_maruf_pipeline "$SRC" "$TGT"
+ctx_maruf_run "$SRC" "$TGT"

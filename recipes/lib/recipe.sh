@@ -438,6 +438,16 @@ preprocess() {
     mv "$dest.part" "$dest"
 }
 
+# transformer_shape LAYERS DIM FFN HEADS: a transformer's shape, the same in the
+# encoder and the decoder (layers, embedding size, feed-forward size, attention
+# heads), as fairseq-train options into the array SHAPE.
+transformer_shape() {
+    # shellcheck disable=SC2034  # read by the caller
+    SHAPE=(--encoder-layers "$1" --decoder-layers "$1" --encoder-embed-dim "$2"
+           --decoder-embed-dim "$2" --encoder-ffn-embed-dim "$3" --decoder-ffn-embed-dim "$3"
+           --encoder-attention-heads "$4" --decoder-attention-heads "$4")
+}
+
 # train DATA SAVE_DIR ARGS...: fairseq-train with the plugin; log in $WORK/logs.
 # SAVE_DIR/train.args records what the run depends on: DATA, the options
 # (TRAIN_EXTRA included, --cpu not: resuming on another device is fine), the

@@ -253,55 +253,13 @@ ctx_selective_analyses() {
 }
 
 # _ctx_complexity_text LABEL=TRAIN_LOG:GENERATE_LOG:SAVE_DIR...: Maruf et
-# al. (2019)'s Table 5 for each model: parameters (counted in SAVE_DIR's best
-# checkpoint, without the frozen copy of the stage-1 model that
-# --context-memory frozen keeps for the memory: it is the stage-1 model again,
-# not part of the document model), those trained in stage 2 (fairseq's "num.
-# trained"), training speed (the train "wps": target tokens per second after
-# BPE) and decoding speed (target tokens of the output over the time of every
-# fairseq-generate pass: iterative decoding counts both). Speeds depend on the
-# machine and the batch sizes: compare models of one run only.
+# al. (2019)'s Table 5 for each model (ctx_fairseq.eval.recipe_report
+# complexity): parameters (counted in SAVE_DIR's best checkpoint, without the
+# frozen copy of the stage-1 model that --context-memory frozen keeps for the
+# memory), those trained in stage 2, training and decoding speed. Speeds
+# depend on the machine and the batch sizes: compare models of one run only.
 _ctx_complexity_text() {
-    "$PY" - "$@" <<'PYEOF'
-import os, re, statistics, sys
-
-import torch
-
-from ctx_fairseq.safe_load import allow_fairseq_checkpoints
-
-allow_fairseq_checkpoints()
-print("| model | parameters (without the frozen memory copy) | trained in this stage "
-      "| training speed (target BPE tokens/s, mean) | decoding speed (tokens/s, all passes) |")
-print("|---|---:|---:|---:|---:|")
-for arg in sys.argv[1:]:
-    label, rest = arg.split("=", 1)
-    train_log, gen_log, save = rest.split(":", 2)
-    trained = "?"
-    wps = []
-    for line in open(train_log, encoding="utf-8", errors="replace"):
-        m = re.search(r"num\. shared model params: ([\d,]+) \(num\. trained: ([\d,]+)\)", line)
-        if m:
-            trained = m.group(2)
-        if re.search(r"\| (train_inner|train) \|", line):
-            m = re.search(r"\bwps[= ](\d+(?:\.\d+)?)", line)
-            if m:
-                wps.append(float(m.group(1)))
-    ckpt = os.path.join(save, "checkpoint_best.pt")
-    if not os.path.exists(ckpt):
-        ckpt = os.path.join(save, "checkpoint_last.pt")
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)["model"]
-    params = sum(v.numel() for k, v in state.items()
-                 if ".memory_encoder." not in f".{k}" and ".memory_decoder." not in f".{k}")
-    tokens, seconds = None, 0.0
-    for line in open(gen_log, encoding="utf-8", errors="replace"):
-        m = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s", line)
-        if m:
-            tokens = int(m.group(2).replace(",", ""))  # the last pass's output
-            seconds += float(m.group(3))
-    speed = f"{tokens / seconds:.0f}" if tokens and seconds > 0 else "?"
-    mean_wps = f"{statistics.mean(wps):.0f}" if wps else "?"
-    print(f"| {label} | {params:,} | {trained} | {mean_wps} | {speed} |")
-PYEOF
+    "$PY" -m ctx_fairseq.eval.recipe_report complexity "$@"
 }
 
 # --------------------------------------------------------------------------
@@ -350,37 +308,14 @@ ctx_cxmi_skipped() {
 # several IWSLT-style XML pairs as one split (OUT_PREFIX.{L1,L2,docids}), in
 # the order given (N > 0: only their first N documents). Each pair is
 # validated as by `ctx-prep-docs xml`; a document id in two pairs, or fewer
-# than N documents, is an error. One process for all pairs.
+# than N documents, is an error. One process for all pairs
+# (ctx_fairseq.prep.recipe_text xml-sets).
 ctx_prep_xml_sets() {
     local out=$1 l1=$2 l2=$3 n=$4
     shift 4
     { [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ]; } || die "ctx_prep_xml_sets: expected SRC_XML TGT_XML pairs"
     mkdir -p "$(dirname "$out")"
-    "$PY" - "$out" "$l1" "$l2" "$n" "$@" <<'PYEOF'
-import sys
-from ctx_fairseq.prep import docs as pd
-
-out, l1, l2, n, files = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
-docs, where = [], {}
-try:
-    for src, tgt in zip(files[::2], files[1::2]):
-        part, _ = pd.load_xml(src, tgt)
-        for docid, pairs in part:
-            if docid in where:
-                raise pd.PrepDocsError(src, None, f"document {docid} is also in {where[docid]}; "
-                                       "expected each talk in one set")
-            where[docid] = src
-            docs.append((docid, pairs))
-    if n > 0:
-        if len(docs) < n:
-            raise pd.PrepDocsError(files[0], None, f"{len(docs)} documents; expected at least {n}")
-        docs = docs[:n]
-    pd.write_documents(docs, out, l1, l2)
-except pd.PrepDocsError as err:
-    sys.exit(f"ctx-prep-docs: error: {err}")
-print(f"ctx-prep-docs: {len(docs)} documents, {sum(len(p) for _, p in docs)} sentences "
-      f"-> {out}.{{{l1},{l2},docids}}")
-PYEOF
+    "$PY" -m ctx_fairseq.prep.recipe_text xml-sets "$out" "$l1" "$l2" "$n" "$@"
 }
 
 # ctx_check_disjoint DIR: no document id in two of DIR/{train,valid,test}.docids.
@@ -420,119 +355,19 @@ ctx_write_if_changed() {
 # ctx_results_table FORMAT MODEL=LABEL...: every model's scores in one table,
 # FORMAT md (markdown, with the signatures) or json (the same values, unrounded:
 # {"columns": [...], "models": {MODEL: {...}}, "signatures": {...}}), from
-# $WORK/results/MODEL/{tokenized_bleu,sacrebleu}.json, contrastive_{pronouns,
-# contrapro}.json where a model has them, and cxmi/cxmi.json (ctx_maruf_cxmi:
+# $WORK/results/MODEL/{tokenized_bleu,sacrebleu}.json, paired.json (ctx_paired:
+# the p column), contrastive_{pronouns,contrapro}.json where a model has them,
+# and cxmi/cxmi.json (ctx_maruf_cxmi:
 # CXMI against shuffled context, nats per target token); LABEL: the
 # architecture and notes. The model `sentence` (sentence-level, no context to
 # remove) has "-" for CXMI; a context model without cxmi.json (an earlier
 # version's results) "not measured"; a test split of one document "n/a" (no
 # other document for the shuffled context: the dataset would take it from the
 # same document, or, for a document memory, keep the document's own memory and
-# give exactly 0, which is not a measurement).
+# give exactly 0, which is not a measurement). ctx_fairseq.eval.recipe_report
+# results-table.
 ctx_results_table() {
-    "$PY" - "$WORK/results" "$@" <<'PYEOF'
-import json, os, sys
-
-results, fmt, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
-assert fmt in ("md", "json"), fmt
-names = {"pronouns": "pronoun suite", "contrapro": "ContraPro"}
-suites = [x for x in names if any(os.path.exists(os.path.join(results, spec.split("=", 1)[0],
-                                                              f"contrastive_{x}.json"))
-                                  for spec in specs)]
-rows, table, sigs = [], {}, {}
-for spec in specs:
-    model, label = spec.split("=", 1)
-    d = os.path.join(results, model)
-    row = [model, label]
-    rec = {"architecture": label}
-    for prefix in ("tokenized_bleu", "sacrebleu"):
-        with open(os.path.join(d, f"{prefix}.json"), encoding="utf-8") as f:
-            b = json.load(f)
-        for level in ("sentence_level", "document_level"):
-            row.append(f"{b[level]['bleu']:.2f}")
-            rec[f"{prefix}_{level}"] = b[level]["bleu"]
-            sigs.setdefault(prefix, set()).add(b[level]["signature"])
-    # the paired bootstrap against the sentence-level transformer (ctx_paired)
-    paired = os.path.join(d, "paired.json")
-    if model == "sentence":
-        row.append("-")
-        rec["paired_vs_transformer"] = None
-    elif os.path.exists(paired):
-        with open(paired, encoding="utf-8") as f:
-            pj = json.load(f)
-        ps, pd = pj["sentences"]["p_value"], (pj["documents"] or {}).get("p_value")
-        fmt_p = lambda v: "n/a" if v is None else (f"{v:.3f}" if v >= 0.001 else "<0.001")
-        row.append(f"{fmt_p(ps)} / {fmt_p(pd)}")
-        rec["paired_vs_transformer"] = {
-            "p_sentences": ps, "p_documents": pd, "delta": pj["sentences"]["delta"],
-            "documents": (pj["documents"] or {}).get("segments"),
-            "note": (pj["documents"] or {}).get("note") or pj["sentences"].get("note")}
-    else:
-        row.append("not measured")
-        rec["paired_vs_transformer"] = "not measured"
-    for suite in suites:
-        path = os.path.join(d, f"contrastive_{suite}.json")
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                c = json.load(f)["overall"]
-            acc = "-" if c["accuracy"] is None else f"{100 * c['accuracy']:.1f}"
-            row.append(f"{acc} ({c['correct']}/{c['n']}, {c['ties']})")
-            rec[f"contrastive_{suite}"] = {k: c[k] for k in ("accuracy", "correct", "n", "ties")}
-        else:
-            row.append("not scored")
-            rec[f"contrastive_{suite}"] = None
-    path = os.path.join(d, "cxmi", "cxmi.json")
-    if model == "sentence":
-        row.append("-")
-        rec["cxmi_shuffled"] = None
-    elif os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            full = json.load(f)
-        cx = full["shuffled"]
-        if full["documents"] < 2:
-            # no other document to take context from (ctx-cxmi refuses it; the step
-            # records the count, ctx_cxmi_skipped)
-            row.append("n/a (1 test document)")
-            rec["cxmi_shuffled"] = {"cxmi": None, "tokens": (cx or {}).get("tokens"), "reason":
-                                    "the test split has one document: shuffled context has "
-                                    "no other document to come from"}
-        else:
-            row.append(f"{cx['cxmi']:.4f}")
-            rec["cxmi_shuffled"] = {"cxmi": cx["cxmi"], "tokens": cx["tokens"]}
-    else:
-        row.append("not measured")
-        rec["cxmi_shuffled"] = "not measured"
-    rows.append(row)
-    table[model] = rec
-if fmt == "json":
-    print(json.dumps({"columns": ["tokenized_bleu_sentence_level", "tokenized_bleu_document_level",
-                                  "sacrebleu_sentence_level", "sacrebleu_document_level",
-                                  "paired_vs_transformer"]
-                      + [f"contrastive_{x}" for x in suites] + ["cxmi_shuffled"],
-                      "paired_vs_transformer": "sacreBLEU's paired bootstrap (Koehn 2004) of the "
-                      "tokenized BLEU against the sentence-level transformer: p over sentences "
-                      "and over documents (d-BLEU; null with fewer than 10 documents)",
-                      "cxmi_shuffled": "ctx-cxmi --conditions shuffled on the test split: the "
-                      "mean over sentences of the per-sentence mean log-probability with the "
-                      "true context minus with shuffled context (nats; a sensitivity check "
-                      "beside the paper's CXMI against the empty context, cxmi.json's none); "
-                      "null: sentence-level, no context",
-                      "models": table,
-                      "signatures": {k: sorted(v) for k, v in sigs.items()}},
-                     indent=2, ensure_ascii=False))
-    sys.exit(0)
-print("| model | architecture | tokenized BLEU | document-level tokenized BLEU | sacreBLEU "
-      "| document-level sacreBLEU | p vs transformer (sentences / documents) |"
-      + "".join(f" {names[x]} accuracy % (correct/n, ties) |" for x in suites)
-      + " CXMI vs shuffled context (nats) |")
-print("|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(suites) + "---:|")
-for row in rows:
-    print("| " + " | ".join(row) + " |")
-print()
-labels = {"tokenized_bleu": "tokenized BLEU", "sacrebleu": "sacreBLEU"}
-for key, values in sigs.items():
-    print(f"- {labels[key]} signature (sentence and document level): {'; '.join(sorted(values))}")
-PYEOF
+    "$PY" -m ctx_fairseq.eval.recipe_report results-table "$WORK/results" "$@"
 }
 
 # ctx_summary OUT [HEADER_FILE]: HEADER_FILE (e.g. a table), then every BLEU
@@ -615,10 +450,7 @@ ctx_maruf_config() {
         N_ANALYSED=${N_ANALYSED:-5}
         BASELINES=${BASELINES-context_aware zhang2018 han}
     fi
-    SHAPE=(--encoder-layers "$layers" --decoder-layers "$layers"
-           --encoder-embed-dim "$dim" --decoder-embed-dim "$dim"
-           --encoder-ffn-embed-dim "$ffn" --decoder-ffn-embed-dim "$ffn"
-           --encoder-attention-heads "$heads" --decoder-attention-heads "$heads")
+    transformer_shape "$layers" "$dim" "$ffn" "$heads"
     # the default Adam, initial learning rate 1e-4 (kept), label smoothing 0.1 (Sec. 4.1)
     OPTIM=(--optimizer adam --adam-betas "(0.9, 0.999)" --lr-scheduler fixed
            --label-smoothing 0.1 --seed "$SEED" --no-epoch-checkpoints --num-workers 0
@@ -908,6 +740,21 @@ ctx_paired() {
     ctx_logged "$WORK/results/$name/paired.log" "$PY" -m ctx_fairseq.eval.significance \
         --generate --baseline "$WORK/generate/sentence.txt" --system "$WORK/generate/$name.txt" \
         --refs "$refs" --docids "$docids" --tokenize none --out "$WORK/results/$name/paired.json"
+}
+
+# ctx_maruf_run SRC TGT: a Maruf et al. recipe after its settings: its download
+# step (the recipe's function download; skipped with --raw, and --smoke needs
+# --raw), its prep step (the recipe's function prep, which writes $WORK/docs),
+# then ctx_maruf_pipeline SRC TGT.
+ctx_maruf_run() {
+    if [ -n "$RAW" ]; then
+        log "skip download (--raw $RAW)"
+    else
+        smoke_needs_raw
+        step download download
+    fi
+    step prep prep
+    ctx_maruf_pipeline "$1" "$2"
 }
 
 # ctx_maruf_pipeline SRC TGT: every step after the document data ($WORK/docs).

@@ -91,11 +91,4 @@ prep() {
     ctx_check_splits "$out" "$SRC" "$TGT"
 }
 
-if [ -n "$RAW" ]; then
-    log "skip download (--raw $RAW)"
-else
-    smoke_needs_raw
-    step download download
-fi
-step prep prep
-ctx_maruf_pipeline "$SRC" "$TGT"
+ctx_maruf_run "$SRC" "$TGT"

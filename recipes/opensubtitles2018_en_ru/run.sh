@@ -43,9 +43,7 @@ if [ "$SMOKE" = 1 ]; then
     VALID_SENTENCES=${VALID_SENTENCES:-6}
     TEST_SENTENCES=${TEST_SENTENCES:-6}
     BPE_MERGES=${BPE_MERGES:-60}
-    SHAPE=(--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 32 --decoder-embed-dim 32
-           --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64
-           --encoder-attention-heads 2 --decoder-attention-heads 2)
+    transformer_shape 2 32 64 2
     SCHEDULE=(--max-update "${SMOKE_UPDATES:-4}" --max-tokens "${MAX_TOKENS:-2000}"
               --lr-scheduler inverse_sqrt --warmup-updates 2 --lr 1e-3)
 else
@@ -53,9 +51,7 @@ else
     TEST_SENTENCES=${TEST_SENTENCES:-10000}
     BPE_MERGES=${BPE_MERGES:-32000}
     # Transformer base (Vaswani et al. 2017): 6+6 layers, d=512, 8 heads, FFN 2048
-    SHAPE=(--encoder-layers 6 --decoder-layers 6 --encoder-embed-dim 512 --decoder-embed-dim 512
-           --encoder-ffn-embed-dim 2048 --decoder-ffn-embed-dim 2048
-           --encoder-attention-heads 8 --decoder-attention-heads 8)
+    transformer_shape 6 512 2048 8
     # lr = 512^-0.5 * min(step^-0.5, step * 4000^-1.5): peak 512^-0.5 * 4000^-0.5 = 6.99e-4
     SCHEDULE=(--max-update "${MAX_UPDATE:-100000}" --max-tokens "${MAX_TOKENS:-4096}"
               --update-freq "${UPDATE_FREQ:-6}" --lr-scheduler inverse_sqrt

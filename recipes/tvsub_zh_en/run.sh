@@ -182,10 +182,7 @@ read -r -a MODEL_LIST <<< "$MODELS"
 # the prep step reads these: its marker records them
 RECIPE_SETTINGS+=(EPISODES EVAL_SPLIT DEV_SRC TEST_SRC)
 
-SHAPE=(--encoder-layers "$layers" --decoder-layers "$layers"
-       --encoder-embed-dim "$dim" --decoder-embed-dim "$dim"
-       --encoder-ffn-embed-dim "$ffn" --decoder-ffn-embed-dim "$ffn"
-       --encoder-attention-heads "$heads" --decoder-attention-heads "$heads")
+transformer_shape "$layers" "$dim" "$ffn" "$heads"
 OPTIM=(--optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 1.0 --label-smoothing 0.1
        --seed "$SEED" --no-epoch-checkpoints --num-workers 0 --max-tokens "$MAX_TOKENS"
        --save-interval-updates "$([ "$MODE" = gpu ] && echo 2000 || echo 100)"

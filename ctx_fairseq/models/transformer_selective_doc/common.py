@@ -22,9 +22,9 @@ MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "m
                "mem_doc_rows", "mem_doc_valid", "mem_state_index", "mem_extra_rows",
                "mem_src_key", "mem_tgt_key", "query_doc_groups", "mem_doc_rows_by_len",
                "mem_doc_len_order", "mem_doc_span_by_len", "query_doc_sizes", "query_doc_tokens",
-               "query_doc_token_counts") + BUCKET_KEYS
+               "query_doc_token_counts", "query_window") + BUCKET_KEYS
 #: follow the beam (one row per query sentence); every other key is per document
-QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row")
+QUERY_KEYS = ("query_doc", "query_pos", "query_mem_row", "query_window")
 #: index the batch's rows: dropped when the rows are reordered (the beam), after which
 #: the word level runs per query sentence
 ROW_INDEX_KEYS = ("query_doc_groups", "query_doc_sizes", "query_doc_tokens",
@@ -44,6 +44,28 @@ def context_layer(args, embed_dim: int, heads: int, ffn: int) -> DocumentContext
         activation_fn=getattr(args, "activation_fn", "relu") or "relu",
         sentence_distance=int(getattr(args, "doc_sentence_distance", 0) or 0),
         word_capacity=int(getattr(args, "doc_word_capacity", WORD_CAPACITY) or WORD_CAPACITY))
+
+
+def init_context_part(part, args, side: str, shape) -> None:
+    """What the encoder and the decoder both keep, set in their ``__init__``
+    after fairseq's: the model's options, online/offline, the context layer
+    where the integration is on this ``side`` (``encoder`` / ``decoder``;
+    ``shape``: ``cfg.encoder`` / ``cfg.decoder``), the frozen memory's cache
+    (the model's; not a module, so never in the state dict) and the
+    recording switches."""
+    part.args = args
+    part.online = args.document_context_mode == "online"
+    part.context_layer = None
+    if args.context_integration == side:
+        part.context_layer = context_layer(args, shape.embed_dim, shape.attention_heads,
+                                           shape.ffn_embed_dim)
+    part.memory_cache = None  # Optional[SentenceStateCache]
+    part.memory_chunk_tokens = MEMORY_CHUNK_TOKENS
+    part.record_stats = False
+    #: only the statistics (``return_stats``), not the attention weights: the training
+    #: statistics (``TransformerSelectiveDocModel.context_statistics``)
+    part.record_statistics = False
+    part.last_info = None  # Optional[Dict[str, Tensor]]
 
 
 def query_layout(doc, T: int, src_width: Optional[int]) -> Dict[str, object]:

@@ -11,12 +11,16 @@ from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
-from ctx_fairseq.models._fairseq_utils import decode_static, plain_attention, wrap_layer
+from ctx_fairseq.models._fairseq_utils import (
+    decode_static,
+    layer_being_built,
+    plain_attention,
+    wrap_layer,
+)
 from ctx_fairseq.models.transformer_selective_doc.common import (
     BUCKET_KEYS,
     EvalMode,
-    MEMORY_CHUNK_TOKENS,
-    context_layer,
+    init_context_part,
     cut_slice,
     detached,
     frozen_source,
@@ -30,7 +34,6 @@ from ctx_fairseq.models.transformer_selective_doc.common import (
     ungroup,
 )
 from ctx_fairseq.modules.sentence_cache import (
-    SentenceStateCache,
     assemble_rows,
     row_keys,
     to_device,
@@ -71,31 +74,16 @@ class SelectiveDocDecoder(TransformerDecoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, args, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        self.args = args
-        self.online = args.document_context_mode == "online"
-        self.context_layer = None
-        if args.context_integration == "decoder":
-            if no_encoder_attn:
-                raise ValueError("decoder integration needs the encoder-decoder attention")
-            self.context_layer = context_layer(args, cfg.decoder.embed_dim,
-                                                cfg.decoder.attention_heads,
-                                                cfg.decoder.ffn_embed_dim)
+        if args.context_integration == "decoder" and no_encoder_attn:
+            raise ValueError("decoder integration needs the encoder-decoder attention")
+        init_context_part(self, args, "decoder", cfg.decoder)
         self.memory_decoder: Optional[TransformerDecoderBase] = None  # frozen copy
-        #: frozen memory: the model's cache (not a module: never in the state dict)
-        self.memory_cache: Optional[SentenceStateCache] = None
-        self.memory_chunk_tokens = MEMORY_CHUNK_TOKENS
-        self.record_stats = False
-        #: only the statistics (``return_stats``), not the attention weights:
-        #: the training statistics (``TransformerSelectiveDocModel.context_statistics``)
-        self.record_statistics = False
-        self.last_info: Optional[Dict[str, Tensor]] = None
         #: length groups: the output layer's logits left grouped (the model's
         #: ``grouped_logits``, for a loss that reads them through ``get_targets``)
         self.grouped_logits = False
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        self._layers_built = getattr(self, "_layers_built", 0) + 1
-        last = self._layers_built == cfg.decoder.layers
+        last = layer_being_built(self) + 1 == cfg.decoder.layers
         if getattr(cfg, "context_integration", None) != "decoder" or not last:
             # only the last layer's source attention is read (decoder integration)
             return wrap_layer(TransformerDecoderLayerBase(cfg, no_encoder_attn), cfg)
@@ -339,6 +327,7 @@ class SelectiveDocDecoder(TransformerDecoderBase):
             self.online, query=query, query_padding_mask=pad_mask,
             need_weights=self.record_stats,
             return_stats=self.record_stats or self.record_statistics,
+            query_window=encoder_out.get("query_window", [None])[0],
             **(query_layout({k: encoder_out.get(k, [None])[0]
                               for k in ("query_doc_groups", "query_doc_sizes")}, x.size(1), None)
                if incremental_state is None else {}))

@@ -13,12 +13,11 @@ from torch import Tensor
 
 from ctx_fairseq.models.transformer_selective_doc.common import (
     EvalMode,
-    MEMORY_CHUNK_TOKENS,
     MEMORY_KEYS,
     QUERY_KEYS,
     ROW_INDEX_KEYS,
     align_states,
-    context_layer,
+    init_context_part,
     cut_slice,
     detached,
     frozen_source,
@@ -33,7 +32,6 @@ from ctx_fairseq.models.transformer_selective_doc.common import (
     ungroup,
 )
 from ctx_fairseq.modules.sentence_cache import (
-    SentenceStateCache,
     assemble_rows,
     row_keys,
     to_device,
@@ -52,22 +50,8 @@ class SelectiveDocEncoder(TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, args):
         super().__init__(cfg, dictionary, embed_tokens)
-        self.args = args
-        self.online = args.document_context_mode == "online"
-        self.context_layer = None
-        if args.context_integration == "encoder":
-            self.context_layer = context_layer(args, cfg.encoder.embed_dim,
-                                                cfg.encoder.attention_heads,
-                                                cfg.encoder.ffn_embed_dim)
+        init_context_part(self, args, "encoder", cfg.encoder)
         self.memory_encoder: Optional[TransformerEncoderBase] = None  # frozen copy
-        #: frozen memory: the model's cache (not a module: never in the state dict)
-        self.memory_cache: Optional[SentenceStateCache] = None
-        self.memory_chunk_tokens = MEMORY_CHUNK_TOKENS
-        self.record_stats = False
-        #: only the statistics (``return_stats``), not the attention weights:
-        #: the training statistics (``TransformerSelectiveDocModel.context_statistics``)
-        self.record_statistics = False
-        self.last_info: Optional[Dict[str, Tensor]] = None
 
     def _state_index(self, doc: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
         source, extra = doc.get("mem_state_index"), doc.get("mem_extra_rows")
@@ -274,6 +258,7 @@ class SelectiveDocEncoder(TransformerEncoderBase):
             r, memory, doc["query_doc"], doc["query_pos"], self.online,
             query_padding_mask=pad_mask, need_weights=self.record_stats,
             return_stats=self.record_stats or self.record_statistics,
+            query_window=doc.get("query_window"),
             **query_layout(doc, r.size(0), src_tokens.size(1)))
         out["encoder_out"] = [r_tilde]
         self.last_info = detached(info)

@@ -4,7 +4,7 @@ registration, options, two-stage set-up, frozen copies, statistics)."""
 import copy
 import logging
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from fairseq.models import register_model, register_model_architecture
@@ -12,17 +12,20 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 from torch import Tensor
 
+from ctx_fairseq.data.contract import ContextContract, TaskContextOptions, task_options
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.models._fairseq_utils import (
-    IterativeDecodingDemo,
     encode_and_decode,
     load_sentence_checkpoint,
-    preset,
     set_default,
     tiny_shape,
     to_namespace,
 )
-from ctx_fairseq.models.transformer_selective_doc.common import MEMORY_CACHE_SENTENCES, cut_slice
+from ctx_fairseq.models.transformer_selective_doc.common import (
+    MEMORY_CACHE_SENTENCES,
+    MEMORY_KEYS,
+    cut_slice,
+)
 from ctx_fairseq.models.transformer_selective_doc.decoder import SelectiveDocDecoder
 from ctx_fairseq.models.transformer_selective_doc.encoder import SelectiveDocEncoder
 from ctx_fairseq.modules.selective_attention import WORD_CAPACITY
@@ -32,39 +35,13 @@ logger = logging.getLogger("ctx_fairseq.models.transformer_selective_doc")
 
 
 @register_model("transformer_selective_doc")
-class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
+class TransformerSelectiveDocModel(TransformerModel):
     """Selective attention over the whole document (Maruf et al., 2019); see
     the module docstring. Use with ``--task document_translation
     --document-context online|offline --document-memory`` (decoder
     integration: also ``--target-context-size 1``)."""
 
-    #: ctx-demo trains and compares both integrations by default
-    demo_archs = ["transformer_selective_doc", "transformer_selective_doc_dec"]
-    #: ctx-demo: stage 1 is the sentence-level transformer (two-stage training, Sec. 2.2)
-    demo_stage1 = "transformer"
-    #: ctx-bench: whole-document batches through the document task (see ctx_fairseq.cli.bench)
-    bench_task_args = ["--document-context", "online", "--document-memory"]
-
-    def bench_setting(self) -> str:
-        """ctx-bench's label of what it measures: where the memory comes from
-        and whether it is encoded in the timed steps. ctx-bench repeats one
-        batch (and warms a cache up before measuring), so a cached frozen
-        memory is read from the cache, never encoded, in the figures."""
-        a = self.args
-        parts = [f"{a.context_integration} integration"]
-        if a.context_memory == "frozen":
-            how = ("read from the cache (warm)" if self.memory_cache is not None else
-                   "encoded without gradients every step (no cache)")
-            parts.append(f"frozen memory (the paper's; {how}; no stage-1 checkpoint: "
-                         "the frozen copies are of the initial weights)")
-        else:
-            parts.append("shared memory (computed by the model with gradients; beyond the "
-                         "paper)")
-        if int(getattr(a, "doc_sentence_distance", 0) or 0):
-            parts.append(f"--doc-sentence-distance {a.doc_sentence_distance} (beyond the paper)")
-        if getattr(a, "dense_doc_attention", False):
-            parts.append("dense attention (beyond the paper)")
-        return ", ".join(parts)
+    context_contract = ContextContract(inputs=MEMORY_KEYS)
 
     @property
     def uses_target_context(self) -> bool:
@@ -80,34 +57,6 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
         (a query that is also a memory row is encoded by both), the shared
         one by the model itself, each sentence once."""
         return {"memory": "separate" if self.args.context_memory == "frozen" else "shared"}
-
-    # ------------------------------------------------------------ ctx-demo hooks
-    @classmethod
-    def demo_reads_target_context(cls, arch: str) -> bool:
-        """Decoder integration reads the target memory: translated by two-pass
-        iterative decoding (see ``IterativeDecodingDemo``), the first pass by
-        the stage-1 sentence-level model (the paper's initialisation)."""
-        return preset(arch).context_integration == "decoder"
-
-    @classmethod
-    def demo_task_args(cls, arch: str) -> List[str]:
-        args = ["--task", "document_translation", "--document-context", "online",
-                "--document-memory"]
-        if cls.demo_reads_target_context(arch):
-            args += ["--target-context-size", "1"]
-        return args
-
-    @classmethod
-    def demo_train_args(cls, arch: str) -> List[str]:
-        """The paper's model: no sentence-distance bias (``--doc-sentence-distance``
-        is beyond the paper; on the toy corpus, whose antecedent is the most
-        recent entity, it raises pronoun accuracy from about 80%: see
-        examples/selective_attention/README.md)."""
-        return cls.demo_task_args(arch)
-
-    @classmethod
-    def demo_generate_args(cls, arch: str) -> List[str]:
-        return cls.demo_task_args(arch)
 
     @classmethod
     def add_args(cls, parser):
@@ -155,20 +104,21 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
     def build_model(cls, args, task):
         args = to_namespace(args)
         selective_doc_base_architecture(args)
-        tcfg = getattr(task, "cfg", None)
-        mode = getattr(tcfg, "document_context", None) if tcfg is not None else None
-        memory = bool(getattr(tcfg, "document_memory", False)) if tcfg is not None else False
-        if tcfg is not None and (mode not in ("online", "offline") or not memory):
+        options = task_options(task)
+        if options is not None and (not options.document_task or
+                                    options.document_context not in ("online", "offline")
+                                    or not options.document_memory):
             raise ValueError("transformer_selective_doc needs --task document_translation "
                              "--document-context online|offline --document-memory")
-        args.document_context_mode = str(mode) if mode is not None else "online"
+        args.document_context_mode = options.document_context if options is not None \
+            else "online"
         if int(getattr(args, "doc_word_capacity", 0) or 0) != 0:
             logger.warning(
                 f"--doc-word-capacity {args.doc_word_capacity}: the word level's capacity was "
                 "removed; the streamed word level is exact and faster: running it (the model's "
                 "parameters are the same)")
             args.doc_word_capacity = 0
-        if tcfg is not None and bool(getattr(tcfg, "memory_precomputed", False)):
+        if options is not None and options.memory_precomputed:
             if args.context_memory != "frozen":
                 raise ValueError(
                     "--memory-precomputed (--max-tokens counts only the batch's own sentences, "
@@ -178,16 +128,17 @@ class TransformerSelectiveDocModel(IterativeDecodingDemo, TransformerModel):
             if int(args.memory_cache_sentences) <= 0:
                 logger.warning("--memory-precomputed with --memory-cache-sentences 0: every "
                                "batch encodes its whole document memory (without gradients)")
-        if tcfg is not None and int(getattr(tcfg, "length_buckets", 1) or 1) > 1 and \
+        if options is not None and options.length_buckets > 1 and \
                 args.context_memory != "frozen":
             raise InputError(
                 "--length-buckets needs --context-memory frozen: a shared memory is encoded "
                 "together with the batch's sources in one call, which the length groups would "
                 "split. Use --context-memory frozen or drop --length-buckets")
-        args.left_pad_source = bool(getattr(tcfg, "left_pad_source", True))
-        args.left_pad_target = bool(getattr(tcfg, "left_pad_target", False))
-        if args.context_integration == "decoder" and tcfg is not None and \
-                int(getattr(tcfg, "target_context_size", 0)) <= 0:
+        defaults = options if options is not None else TaskContextOptions()
+        args.left_pad_source = defaults.left_pad_source
+        args.left_pad_target = defaults.left_pad_target
+        if args.context_integration == "decoder" and options is not None and \
+                options.target_context_size <= 0:
             raise ValueError("--context-integration decoder needs the target side of the "
                              "document memory: --target-context-size 1")
         if args.context_integration == "decoder" and \
