@@ -294,3 +294,15 @@ def interactive(argv: List[str], device: Optional[str] = None) -> str:
     with contextlib.redirect_stdout(out):
         fs_interactive.main(convert_namespace_to_omegaconf(args))
     return out.getvalue()
+
+
+def run_main(main: Callable[[List[str]], None], argv: List[str], capsys):
+    """Run a command line's ``main(argv)`` in-process: ``(exit status,
+    stdout, stderr)`` (0 when it returns, its ``SystemExit`` code otherwise)."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err

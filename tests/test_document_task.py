@@ -117,16 +117,24 @@ def test_docids_missing_or_empty_line(toy_bin, tmp_path):
 # --------------------------------------------------------------------------- context windows
 
 
+def random_layout(rng, docs: int, sentences: int, size: int):
+    """A random document layout and context setting: ``(document sizes,
+    context size, direction, whole-document context)``, drawn from ``rng``
+    in that order (up to ``docs`` documents of up to ``sentences``
+    sentences, a context size up to ``size``)."""
+    sizes = [rng.randint(1, sentences) for _ in range(rng.randint(1, docs))]
+    k = rng.randint(1, size)
+    direction = rng.choice(["prev", "next", "both"])
+    return sizes, k, direction, rng.choice(["none", "none", "online", "offline"])
+
+
 def test_context_never_crosses_documents_property():
     """Random layouts (seeded): context stays inside the document, prev/online
     context never sees the current or a later sentence, sizes are respected,
     and the context tokens are the context sentences in order."""
     for seed in range(25):
         rng = random.Random(seed)
-        sizes = [rng.randint(1, 7) for _ in range(rng.randint(1, 8))]
-        k = rng.randint(1, 4)
-        direction = rng.choice(["prev", "next", "both"])
-        doc_ctx = rng.choice(["none", "none", "online", "offline"])
+        sizes, k, direction, doc_ctx = random_layout(rng, 8, 7, 4)
         ds, src, _ = synthetic(sizes, seed, src_context_size=k, direction=direction,
                                document_context=doc_ctx)
         doc_of = np.repeat(np.arange(len(sizes)), sizes)
@@ -167,10 +175,7 @@ def test_set_target_context_equals_a_full_refresh():
     directions, whole-document context and length limits (one, per sentence)."""
     for seed in range(12):
         rng = random.Random(seed)
-        sizes = [rng.randint(1, 9) for _ in range(rng.randint(1, 6))]
-        k = rng.randint(1, 3)
-        direction = rng.choice(["prev", "next", "both"])
-        doc_ctx = rng.choice(["none", "none", "online", "offline"])
+        sizes, k, direction, doc_ctx = random_layout(rng, 6, 9, 3)
         n = sum(sizes)
         limit = rng.choice([None, rng.randint(1, 9), np.array([rng.randint(0, 9)
                                                                  for _ in range(n)])])

@@ -10,6 +10,7 @@ import pytest
 
 from ctx_fairseq.eval import make_pronoun_suite as mps
 from ctx_fairseq.eval.contrastive_suites import read_toy
+from fairseq_cli_utils import run_main
 
 
 def write(path, lines):
@@ -19,13 +20,7 @@ def write(path, lines):
 
 
 def run(argv, capsys):
-    try:
-        mps.cli_main(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_main(mps.cli_main, argv, capsys)
 
 
 def find(src, tgt):

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from ctx_fairseq.prep import docs as pd
-from fairseq_cli_utils import REPO_ROOT, preprocess
+from fairseq_cli_utils import REPO_ROOT, preprocess, run_main
 
 IWSLT_DIR = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data", "iwslt17-ted-en-de"))
 IWSLT_SETS = ["dev2010", "tst2010", "tst2011", "tst2012", "tst2013", "tst2014", "tst2015"]
@@ -42,13 +42,7 @@ def write(path, text):
 
 def run_cli(argv, capsys):
     """Run ctx-prep-docs; returns (exit status, stdout, stderr)."""
-    try:
-        pd.cli_main(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_main(pd.cli_main, argv, capsys)
 
 
 def out_files(out_dir):

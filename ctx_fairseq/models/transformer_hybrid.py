@@ -139,6 +139,15 @@ def _num_layers(args, side: str) -> int:
 
 
 
+def hybrid_self_attention(layer, embed_dim: int, heads: int, cfg, causal: bool):
+    """The hybrid self-attention of an encoder (bidirectional window) or
+    decoder (``causal``) layer, built with the layer's hybrid settings and
+    fairseq's dropout and quantisation noise."""
+    return HybridMultiheadAttention(embed_dim, heads, config=layer.hybrid, causal=causal,
+                                    dropout=cfg.attention_dropout, q_noise=layer.quant_noise,
+                                    qn_block_size=layer.quant_noise_block_size)
+
+
 class HybridTransformerEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer whose self-attention is hybrid (bidirectional window)."""
 
@@ -147,15 +156,8 @@ class HybridTransformerEncoderLayer(TransformerEncoderLayerBase):
         super().__init__(cfg, return_fc=return_fc)
 
     def build_self_attention(self, embed_dim, cfg):
-        return HybridMultiheadAttention(
-            embed_dim,
-            cfg.encoder.attention_heads,
-            config=self.hybrid,
-            causal=False,
-            dropout=cfg.attention_dropout,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return hybrid_self_attention(self, embed_dim, cfg.encoder.attention_heads, cfg,
+                                     causal=False)
 
 
 class HybridTransformerDecoderLayer(TransformerDecoderLayerBase):
@@ -172,15 +174,8 @@ class HybridTransformerDecoderLayer(TransformerDecoderLayerBase):
             raise ValueError(
                 "hybrid decoder self-attention does not support add_bias_kv, "
                 "add_zero_attn or --cross-self-attention")
-        return HybridMultiheadAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            config=self.hybrid,
-            causal=True,
-            dropout=cfg.attention_dropout,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+        return hybrid_self_attention(self, embed_dim, cfg.decoder.attention_heads, cfg,
+                                     causal=True)
 
 
 class HybridTransformerEncoder(TransformerEncoder):

@@ -20,11 +20,11 @@ from ctx_fairseq.models._fairseq_utils import (
 from ctx_fairseq.models.transformer_selective_doc.common import (
     BUCKET_KEYS,
     EvalMode,
-    init_context_part,
     cut_slice,
     detached,
     frozen_source,
     host_rows,
+    init_context_part,
     length_groups,
     query_layout,
     real_positions,
