@@ -138,6 +138,8 @@ def test_task_options_of_another_task_and_of_no_task():
     got = task_options(TranslationTask(TranslationConfig(), d, d))
     assert got == TaskContextOptions(document_task=False)
     assert task_options(types.SimpleNamespace(source_dictionary=d)) is None
+    with pytest.raises(TypeError, match="neither a fairseq task"):
+        task_options(types.SimpleNamespace(source_dictionary=d, cfg=types.SimpleNamespace()))
 
 
 def test_the_options_reach_the_models_checks():

@@ -361,9 +361,10 @@ def test_a_document_memory_trained_with_a_sampled_window(toy_bin, tmp_path):
     tokens = sum(len(sized.base.tgt[i]) for i in range(n))
     true = np.array([_sentence_logprob(model, sized, i) for i in range(n)])
     assert result["logprob_true_per_token"] == pytest.approx(true.sum() / tokens, abs=1e-5)
-    whole = cxmi.condition_dataset(task, "test", "true")
-    far = np.flatnonzero(whole.sent_pos >= 2)  # these see more than one sentence unsized
-    wide = np.array([_sentence_logprob(model, whole, int(i)) for i in far])
+    widest = cxmi.condition_dataset(task, "test", "true")  # window K = 2, as trained
+    assert widest.context_size == 2
+    far = np.flatnonzero(widest.sent_pos >= 2)  # these see two sentences at window 2
+    wide = np.array([_sentence_logprob(model, widest, int(i)) for i in far])
     assert np.abs(wide - true[far]).max() > 1e-6  # the window changed what they saw
     with pytest.raises(cxmi.CXMIError, match="larger than the checkpoint was trained with"):
         cxmi.compute_cxmi(model, task, cfg, "test", ["none"], context_size=3)

@@ -168,8 +168,12 @@ def task_options(arch: str):
 
 #: name -> (architecture, options): settings held beside the architectures' defaults
 VARIANTS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
-    f"{arch}[shared]": (arch, ("--context-memory", "shared"))
-    for arch in ("transformer_selective_doc", "transformer_selective_doc_dec")
+    **{f"{arch}[shared]": (arch, ("--context-memory", "shared"))
+       for arch in ("transformer_selective_doc", "transformer_selective_doc_dec")},
+    # a window on the memory (query_window; outside training window K)
+    "transformer_selective_doc[window]": ("transformer_selective_doc",
+                                          ("--context-memory", "shared",
+                                           "--sample-context-size", "2")),
 }
 
 

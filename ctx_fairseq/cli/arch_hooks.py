@@ -41,7 +41,8 @@ __all__ = ["DemoHooks", "BenchHooks", "demo_hooks", "bench_hooks", "register_dem
 Args = Union[Sequence[str], Callable[[str], Sequence[str]]]
 
 
-def _never(arch: str) -> bool:
+def never_reads_target_context(arch: str) -> bool:
+    """The default: no architecture of the model reads target context."""
     return False
 
 
@@ -54,7 +55,14 @@ class DemoHooks:
     stage1: Optional[str] = None
     train_args: Args = ()
     generate_args: Args = ()
-    reads_target_context: Callable[[str], bool] = _never
+    reads_target_context: Callable[[str], bool] = never_reads_target_context
+
+    @property
+    def two_pass(self) -> bool:
+        """Some architectures of the model read target context: translated in
+        two passes, so the demo's generate steps of all of them depend on the
+        stage-1 model (the first pass)."""
+        return self.reads_target_context is not never_reads_target_context
 
     @staticmethod
     def _args(value: Args, arch: str) -> List[str]:

@@ -210,14 +210,14 @@ class Demo:
             *hooks.generate_args_for(arch),
         ]
         depends = [train_key]
-        if hooks.reads_target_context(arch):  # two passes, the first by the stage-1 model
+        if hooks.two_pass:  # the first pass by the stage-1 model
             stage1 = hooks.stage1
             first_pass = self._trained[stage1][0] if stage1 in self._trained else None
             if first_pass:
                 depends.append(self._trained[stage1][1])
             gen_cmd = hooks.generate_command(arch, py, binned, ckpt,
                                              os.path.join(self.work, "generate", arch),
-                                             first_pass=first_pass)
+                                             first_pass=first_pass) or gen_cmd
         gen_key = self.run_step(f"generate-{arch}", f"fairseq-generate {arch}", gen_cmd, [gen],
                                 stdout_path=gen, depends=depends)
         res_path = os.path.join(self.work, "results", f"{arch}.json")

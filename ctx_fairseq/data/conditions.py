@@ -6,10 +6,11 @@ tool forges document ids or changes the task's options to get it.
 
 Conditions (Fernandes et al. 2021 for ``true`` against ``none``; the
 ablations are the sensitivity checks of Voita et al. 2018 and Kim et al.
-2019, see docs/cxmi.md):
+2019, see docs/evaluation.md):
 
 * ``true``: each sentence's own context, as the model was trained (with a
-  size N: its N nearest previous context sentences);
+  size N: its N nearest previous context sentences; for a document memory,
+  the memory sentences at most N positions away, its window);
 * ``none``: the empty context. A bounded context is cut to 0 sentences; a
   whole-document context or a document memory puts each sentence alone in
   its document, so nothing of the document is visible;
@@ -35,7 +36,8 @@ class ContextCondition:
     """``kind`` (:data:`CONDITION_KINDS`) and ``size``: None, the context as
     trained (a bounded context's whole window); N >= 0, each sentence's N
     nearest previous context sentences (a bounded context of previous
-    sentences only). ``none`` takes no size (it is size 0)."""
+    sentences), or a document memory's sentences at most N positions away
+    (its window). ``none`` takes no size (it is size 0)."""
 
     kind: str = "true"
     size: Optional[int] = None

@@ -120,10 +120,16 @@ def task_options(task) -> Optional[TaskContextOptions]:
     document task's, the defaults with ``document_task=False`` for another
     fairseq task, None for no task (an object that only carries the
     dictionaries, as tests and tools build models with: the model is checked
-    against its own options only)."""
+    against its own options only). An object with a ``cfg`` that is neither
+    is refused (TypeError): its options would be ignored without a word."""
     get = getattr(task, "context_options_for_models", None)
     if callable(get):
         return get()
     if isinstance(task, FairseqTask):
         return TaskContextOptions(document_task=False)
+    if getattr(task, "cfg", None) is not None:
+        # an object that looks like a task: its options would be silently ignored
+        raise TypeError(f"{type(task).__name__} has a cfg but is neither a fairseq task nor "
+                        "gives context_options_for_models(): models read a task's context "
+                        "options only through the contract (ctx_fairseq.data.contract)")
     return None

@@ -717,7 +717,7 @@ def _curve_plot(result: Dict, png: str) -> None:
         ax.legend(fontsize=8)
     ax.axhline(0, color="grey", lw=0.5)
     ax.set_xticks(xs)
-    ax.set_xlabel("context size (previous sentences)")
+    ax.set_xlabel("context size (sentences; a document memory: its window)")
     ax.set_ylabel("CXMI against empty context (nats)")
     ax.set_title(f"CXMI by context size, split {result['split']}")
     save_figure(fig, png)
@@ -771,8 +771,9 @@ def get_parser() -> argparse.ArgumentParser:
                         + " (default: none, the empty context, the paper's CXMI; always "
                           "measured; shuffled and random: sensitivity checks)")
     p.add_argument("--context-size", type=int, default=None,
-                   help="score the true context with the N nearest previous sentences (0: "
-                        "empty); at most the K the checkpoint was trained with (default: K)")
+                   help="score the true context with the N nearest previous sentences (a "
+                        "document memory: its sentences at most N positions away; 0: empty); "
+                        "at most the K the checkpoint was trained with (default: K)")
     p.add_argument("--curve", action="store_true",
                    help="also CXMI at every context size 0..K against the empty context "
                         "(curve.json, curve.png)")

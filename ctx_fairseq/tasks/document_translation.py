@@ -360,6 +360,11 @@ class DocumentTranslationTask(TranslationTask):
                  "isolate_sentences": False}
         if condition is not None:
             given = condition.dataset_args(whole, bool(c.document_memory))
+        if c.document_memory and c.sample_context_size and not training and \
+                given["context_size"] is None and not given["isolate_sentences"]:
+            # a memory trained on windows 0..K reads K outside training (validation,
+            # generation, scoring), never the distances it was not trained on
+            given = dict(given, context_size=int(c.sample_context_size))
         limits = {"src": c.max_source_positions, "tgt": c.max_target_positions}
         if c.concat_context:
             limits = concat_limits(base, c.max_source_positions, c.max_target_positions,
