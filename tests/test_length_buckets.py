@@ -222,39 +222,3 @@ def test_the_model_refuses_buckets_with_a_shared_memory(toy_bin):
                            "--length-buckets", "2", "--context-memory", "shared")
     with pytest.raises(ValueError, match="--length-buckets needs --context-memory frozen"):
         task.build_model(cfg.model)
-
-
-@pytest.mark.parametrize("multiple", [1, 8])
-def test_max_tokens_counts_the_length_groups_the_collater_makes(multiple):
-    """With --memory-precomputed and --length-buckets, a batch's cost is the
-    padded tokens of its length groups (what the layers compute, the
-    collater's groups exactly), the batches stay within --max-tokens by that
-    count, and they hold more sentences than batches counted as one padded
-    block (the point: a document batch as full as a length-sorted one)."""
-    from ctx_fairseq.data.batching import memory_batches
-    from ctx_fairseq.data.memory_index import grouped_tokens
-
-    model, d = build(["--context-memory", "frozen"])
-    lengths = [int(x) for x in np.random.default_rng(0).integers(2, 30, size=90)]
-    data = corpus(d, [60, 30], lengths=lengths)
-    ds = dataset(d, data, memory_precomputed=True)
-    ds.set_context_layout(model.context_layout)
-    ds.pad_to_multiple = ds.base.pad_to_multiple = multiple  # as fairseq sets both
-    one = memory_batches(ds, np.arange(len(ds)), max_tokens=400)
-    ds.length_buckets = 4
-    assert ds.grouped_cost
-    grouped = memory_batches(ds, np.arange(len(ds)), max_tokens=400)
-    assert np.array_equal(np.concatenate(grouped), np.arange(len(ds)))
-    assert len(grouped) < len(one)
-    for b in grouped:
-        batch = ds.collater([ds[int(i)] for i in b])
-        shape = batch["net_input"]["query_bucket_shape"]
-        made = (int((shape[:, 0] * shape[:, 1]).sum()), int((shape[:, 0] * shape[:, 2]).sum()))
-        src = np.asarray(ds.base.src_sizes)[b]
-        tgt = np.asarray(ds.base.tgt_sizes)[b]
-        assert grouped_tokens(src, tgt, 4, multiple) == made
-        assert ds.memory_cost(b) == max(made) <= 400
-    # the largest chunk: one more sentence would not fit
-    for b, nxt in zip(grouped[:-1], grouped[1:]):
-        if ds.doc_index[b[-1]] == ds.doc_index[nxt[0]]:
-            assert ds.memory_cost(np.r_[b, nxt[:1]]) > 400

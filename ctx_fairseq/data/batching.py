@@ -176,18 +176,6 @@ def memory_batches(ds: "DocumentContextDataset", indices: np.ndarray,
         j = 0
         while j < len(run):  # chunks; the cost grows with the chunk, find the largest
             take = 0
-            if getattr(ds, "grouped_cost", False):
-                # length groups: each cost is a dynamic programme over the chunk, so the
-                # largest chunk is found by bisection (the cost never falls as a chunk
-                # grows: the groups of a larger chunk, less its last row, are groups of
-                # the smaller one); the same chunks as the scan below
-                hi = int(min(len(run) - j, max_sentences))
-                while take < hi:
-                    mid = (take + hi + 1) // 2
-                    if ds.memory_cost(run[j:j + mid]) <= max_tokens:
-                        take = mid
-                    else:
-                        hi = mid - 1
             while (j + take < len(run) and take + 1 <= max_sentences
                    and ds.memory_cost(run[j:j + take + 1]) <= max_tokens):
                 take += 1

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from fairseq.data import data_utils
 
-from ctx_fairseq.data.memory_index import grouped_tokens, memory_by_length, query_groups
+from ctx_fairseq.data.memory_index import memory_by_length, query_groups
 
 logger = logging.getLogger("ctx_fairseq.data.document_dataset")
 
@@ -270,12 +270,6 @@ class DocumentMemoryMixin:
                     if len(mem) else toks.clone())
         return out
 
-    @property
-    def grouped_cost(self) -> bool:
-        """:meth:`memory_cost` counts the batch's length groups
-        (``--memory-precomputed`` with ``--length-buckets`` > 1)."""
-        return bool(self.memory_precomputed) and int(getattr(self, "length_buckets", 1)) > 1
-
     def memory_cost(self, ids: np.ndarray) -> int:
         """Padded tokens a batch of sentences ``ids`` gives the model with its
         document memory: the encoder side counts the batch's sentences and the
@@ -290,22 +284,13 @@ class DocumentMemoryMixin:
         memory row counted besides the batch's sentences. With
         ``memory_precomputed`` (a frozen memory the model keeps in a cache and
         encodes, without gradients, only on a cache miss) only the batch's own
-        sentences count; with ``length_buckets`` too, as the model computes
-        them: each length group padded to its own longest row
-        (:func:`~ctx_fairseq.data.memory_index.grouped_tokens`, the collater's
-        groups), so that a document batch holds about as many real tokens as
-        fairseq's length-sorted batches."""
+        sentences count."""
         ids = np.asarray(ids, dtype=np.int64)
         src = np.asarray(self.base.src_sizes, dtype=np.int64)
         dec = 0
         if self.base.tgt_sizes is not None:
             dec = len(ids) * int(np.asarray(self.base.tgt_sizes)[ids].max())
         if self.memory_precomputed:  # the memory is read from a cache, not encoded here
-            if self.grouped_cost:
-                tgt = (np.asarray(self.base.tgt_sizes, dtype=np.int64)[ids]
-                       if self.base.tgt_sizes is not None else np.zeros(len(ids), np.int64))
-                return max(grouped_tokens(src[ids], tgt, self.length_buckets,
-                                          self.pad_to_multiple))
             return max(len(ids) * int(src[ids].max()), dec)
         _, mem, _ = self._memory_sentences(ids)
         if self.coword_dropout > 0 or self.context_layout["memory"] == "separate":

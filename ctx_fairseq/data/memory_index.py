@@ -2,7 +2,7 @@
 collater so that a model's path stays static-shaped: each document's query
 rows and query tokens, and its memory sentences by length."""
 
-from typing import Dict, Tuple
+from typing import Dict
 
 import numpy as np
 import torch
@@ -88,13 +88,28 @@ def query_groups(query_doc: np.ndarray, num_docs: int) -> np.ndarray:
     return out
 
 
-def bucket_groups(src: np.ndarray, tgt: np.ndarray, max_buckets: int,
-                  src_width: int, tgt_width: int, multiple: int = 1):
-    """``(order, shape)`` of :func:`length_buckets`: the rows sorted by
-    (source, target) length and the ``K x 3`` rows, source width, target
-    width of each group, by the dynamic programming described there."""
-    src = np.asarray(src, dtype=np.int64)
-    tgt = np.asarray(tgt, dtype=np.int64)
+def length_buckets(src_lens: np.ndarray, tgt_lens: np.ndarray, max_buckets: int,
+                   src_width: int, tgt_width: int, multiple: int = 1) -> Dict[str, object]:
+    """The batch's rows in at most ``max_buckets`` groups of similar length
+    (``--length-buckets``): a document batch holds a document's sentences in
+    document order, so its tensors are padded to its longest sentence, on
+    TVsub about 2.2 times the real tokens; fairseq's own batches, sorted by
+    length, have almost no padding. A model runs its sentence-level layers
+    per group, each padded only to its own longest row
+    (:mod:`ctx_fairseq.models.transformer_selective_doc`).
+
+    The rows are sorted by (source, target) length and cut into contiguous
+    groups minimising the padded tokens, sum over groups of rows x (longest
+    source + longest target), by dynamic programming (exact for the sorted
+    order). ``src_lens``/``tgt_lens`` (``B``): tokens per row;
+    ``src_width``/``tgt_width``: the batch's padded widths (a group's width
+    is its longest row rounded up to ``multiple``, at most the batch's).
+    Returns ``query_bucket_rows`` (``B`` long tensor: the rows, group after
+    group), ``query_bucket_restore`` (``B`` long tensor: the position of each
+    row in that order) and ``query_bucket_shape`` (``K x 3`` numpy int64,
+    rows, source width, target width per group: it stays on the host)."""
+    src = np.asarray(src_lens, dtype=np.int64)
+    tgt = np.asarray(tgt_lens, dtype=np.int64)
     n = len(src)
     order = np.lexsort((tgt, src))
     s, t = src[order], tgt[order]
@@ -126,51 +141,6 @@ def bucket_groups(src: np.ndarray, tgt: np.ndarray, max_buckets: int,
     shape = np.array([[b - a, rounded(int(s[a:b].max()), src_width),
                        rounded(int(t[a:b].max()), tgt_width)]
                       for a, b in zip(bounds[:-1], bounds[1:])], dtype=np.int64).reshape(-1, 3)
-    return order, shape
-
-
-def grouped_tokens(src_lens: np.ndarray, tgt_lens: np.ndarray, max_buckets: int,
-                   multiple: int = 1) -> Tuple[int, int]:
-    """``(source, target)`` padded tokens of a batch's length groups (the
-    sum over groups of rows x width, :func:`length_buckets` on the batch the
-    collater makes of these rows: widths the longest row rounded up to
-    ``multiple``): what a model that runs its layers per group computes, and
-    what ``--max-tokens`` counts for such batches
-    (``DocumentContextDataset.memory_cost``)."""
-    src = np.asarray(src_lens, dtype=np.int64)
-    tgt = np.asarray(tgt_lens, dtype=np.int64)
-    if len(src) == 0:
-        return 0, 0
-    m = max(1, int(multiple))
-    width = lambda x: -(-max(1, int(x.max())) // m) * m  # noqa: E731 (the collater's)
-    _, shape = bucket_groups(src, tgt, max_buckets, width(src), width(tgt), m)
-    return int((shape[:, 0] * shape[:, 1]).sum()), int((shape[:, 0] * shape[:, 2]).sum())
-
-
-def length_buckets(src_lens: np.ndarray, tgt_lens: np.ndarray, max_buckets: int,
-                   src_width: int, tgt_width: int, multiple: int = 1) -> Dict[str, object]:
-    """The batch's rows in at most ``max_buckets`` groups of similar length
-    (``--length-buckets``): a document batch holds a document's sentences in
-    document order, so its tensors are padded to its longest sentence, on
-    TVsub about 2.2 times the real tokens; fairseq's own batches, sorted by
-    length, have almost no padding. A model runs its sentence-level layers
-    per group, each padded only to its own longest row
-    (:mod:`ctx_fairseq.models.transformer_selective_doc`).
-
-    The rows are sorted by (source, target) length and cut into contiguous
-    groups minimising the padded tokens, sum over groups of rows x (longest
-    source + longest target), by dynamic programming (exact for the sorted
-    order; :func:`bucket_groups`). ``src_lens``/``tgt_lens`` (``B``): tokens
-    per row; ``src_width``/``tgt_width``: the batch's padded widths (a
-    group's width is its longest row rounded up to ``multiple``, at most the
-    batch's). Returns ``query_bucket_rows`` (``B`` long tensor: the rows,
-    group after group), ``query_bucket_restore`` (``B`` long tensor: the
-    position of each row in that order) and ``query_bucket_shape`` (``K x 3``
-    numpy int64, rows, source width, target width per group: it stays on the
-    host)."""
-    order, shape = bucket_groups(src_lens, tgt_lens, max_buckets, src_width, tgt_width,
-                                 multiple)
-    n = len(order)
     restore = np.empty(n, dtype=np.int64)
     restore[order] = np.arange(n, dtype=np.int64)
     return {"query_bucket_rows": torch.from_numpy(order.astype(np.int64)),
