@@ -64,11 +64,10 @@ from ctx_fairseq.prep.common import (  # noqa: F401
     LINE_BREAK_RUN, WHITESPACE, ParallelDoc, PrepDocsError, PrepSummary, clean_text,
     decode_text_lines)
 from ctx_fairseq.prep.common import read_text_lines as _read_text_lines
-from ctx_fairseq.prep.common import check_docid as _check_docid
 from ctx_fairseq.prep.text_docs import load_blank_lines, load_docids, load_tags  # noqa: F401
 from ctx_fairseq.prep.xml_docs import (  # noqa: F401
     SGML_SETS, WMT_FILE_HINT, ParsedDoc, ParsedSeg, WmtData, align_docs, check_unique_segids,
-    load_wmt, load_xml, read_xml_documents)
+    end_document, load_wmt, load_xml, read_xml_documents, start_document)
 
 PROG = "ctx-prep-docs"
 MODES = ("xml", "sgml", "blank-lines", "docids", "tags")
@@ -170,11 +169,7 @@ def _parse_sgml(path: str, allow_empty: bool,
         assert cur is not None
         if seg is not None:
             end_seg()
-        if not cur.segs:
-            raise PrepDocsError(path, cur.line, f"document {cur.docid} has no segments; "
-                                "expected at least one <seg>")
-        cur.end_line[0] = lineno
-        docs.append(cur)
+        docs.append(end_document(cur, path, lineno))
         cur = None
 
     for lineno, line in enumerate(lines, 1):
@@ -212,17 +207,8 @@ def _parse_sgml(path: str, allow_empty: bool,
                 if closing:
                     continue
                 attrs = _sgml_attrs(m.group(3))
-                docid = attrs.get("docid", "")
-                if not docid:
-                    hint = f"; {WMT_FILE_HINT}" if "id" in attrs else ""
-                    raise PrepDocsError(path, lineno, "<doc> without a docid attribute; "
-                                                      f'expected <doc docid="...">{hint}')
-                _check_docid(docid, path, lineno)
-                if docid in first_line:
-                    raise PrepDocsError(path, lineno, f"duplicate document id {docid} "
-                                        f"(first at line {first_line[docid]}); expected unique docids")
-                first_line[docid] = lineno
-                cur = ParsedDoc(docid, lineno, [], [lineno])
+                cur = start_document(attrs.get("docid", ""), "id" in attrs, path, lineno,
+                                     first_line)
             elif name == "seg" and not closing:
                 if cur is None:
                     raise PrepDocsError(path, lineno, "<seg> outside any <doc>; "

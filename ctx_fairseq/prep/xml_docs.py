@@ -18,6 +18,35 @@ class ParsedSeg(NamedTuple):
     line: int
 
 
+def start_document(docid: str, has_id: bool, path: str, lineno: int,
+                   first_line: Dict[str, int]) -> "ParsedDoc":
+    """A ``<doc>`` opened at ``lineno`` of ``path`` (the XML and the SGM
+    readers alike): its ``docid`` checked (present, valid, unique in the file:
+    ``first_line`` records each document's line), or an error naming the file
+    and the line; ``has_id``: the tag has an ``id`` instead (a WMT test-set
+    file, named in the error)."""
+    if not docid:
+        hint = f"; {WMT_FILE_HINT}" if has_id else ""
+        raise PrepDocsError(path, lineno, "<doc> without a docid attribute; "
+                                          f'expected <doc docid="...">{hint}')
+    check_docid(docid, path, lineno)
+    if docid in first_line:
+        raise PrepDocsError(path, lineno, f"duplicate document id {docid} "
+                            f"(first at line {first_line[docid]}); expected unique docids")
+    first_line[docid] = lineno
+    return ParsedDoc(docid, lineno, [], [lineno])
+
+
+def end_document(doc: "ParsedDoc", path: str, lineno: int) -> "ParsedDoc":
+    """A ``<doc>`` closed at ``lineno`` (both readers): it must hold a
+    segment; its last line recorded."""
+    if not doc.segs:
+        raise PrepDocsError(path, doc.line, f"document {doc.docid} has no segments; "
+                            "expected at least one <seg>")
+    doc.end_line[0] = lineno
+    return doc
+
+
 class ParsedDoc(NamedTuple):
     docid: str
     line: int
@@ -83,17 +112,8 @@ def _parse_xml(path: str, allow_empty: bool) -> Tuple[List[ParsedDoc], int, int]
                 if cur is not None:
                     raise PrepDocsError(path, lineno, f"<doc> inside document {cur.docid} "
                                         f"(line {cur.line}); expected </doc> first")
-                docid = (el.get("docid") or "").strip()
-                if not docid:
-                    hint = f"; {WMT_FILE_HINT}" if el.get("id") is not None else ""
-                    raise PrepDocsError(path, lineno, "<doc> without a docid attribute; "
-                                                      f'expected <doc docid="...">{hint}')
-                check_docid(docid, path, lineno)
-                if docid in first_line:
-                    raise PrepDocsError(path, lineno, f"duplicate document id {docid} "
-                                        f"(first at line {first_line[docid]}); expected unique docids")
-                first_line[docid] = lineno
-                cur = ParsedDoc(docid, lineno, [], [lineno])
+                cur = start_document((el.get("docid") or "").strip(), el.get("id") is not None,
+                                     path, lineno, first_line)
             elif event == "start" and name == "seg":
                 if cur is None:
                     raise PrepDocsError(path, lineno, "<seg> outside any <doc>; "
@@ -118,11 +138,7 @@ def _parse_xml(path: str, allow_empty: bool) -> Tuple[List[ParsedDoc], int, int]
                 in_seg = None
                 el.clear()
             elif event == "end" and name == "doc" and cur is not None:
-                if not cur.segs:
-                    raise PrepDocsError(path, cur.line, f"document {cur.docid} has no segments; "
-                                        "expected at least one <seg>")
-                cur.end_line[0] = lineno
-                docs.append(cur)
+                docs.append(end_document(cur, path, lineno))
                 cur = None
                 el.clear()
 
