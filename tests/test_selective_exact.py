@@ -205,6 +205,89 @@ def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode):
         assert torch.equal(g, res[0][1])
 
 
+@pytest.mark.parametrize("mode", MODES[:3], ids=IDS[:3])
+def test_compacted_tiles_equal_whole_tiles(mode):
+    """On the CPU a tile of the hierarchical word level computes only the
+    query rows that give one of its sentences a weight, and skips a tile of
+    none (``compact``): values, statistics and every gradient (queries,
+    memory, parameters; float64) equal the whole tiles', in the collater's
+    layout and per query sentence, with a window that leaves some queries
+    one sentence and a document with an empty sentence; with the
+    sparsemax sentence weights it computes fewer FLOPs."""
+    docs = [(50, 9, 6, 7), (7, 4, 3, 5), (40, 14, 9, 3)]
+    q, pad, qd, qp, memory, layout = _batch(docs, 32, 7)
+    q = 4 * q  # sharper sentence weights: a few sentences each, as in a trained model
+    window = torch.where(torch.arange(len(qd)) % 3 == 0, 1, 1000)
+    for lay in (layout, None):
+        res = []
+        for compact in (False, True):
+            torch.manual_seed(0)
+            m = HierarchicalContextAttention(32, 4, *mode, sentence_distance=2).double()
+            m.compact = compact
+            with torch.no_grad():
+                m.distance_bias.normal_()
+            qq = q.double().clone().requires_grad_()
+            k = memory[0].double().clone().requires_grad_()
+            keys, mask, doc, pos, rows, valid, by_length = (k,) + memory[1:]
+            with FlopCounterMode(display=False) as fc:
+                if lay is None:
+                    pm = m.project_memory(keys, keys, mask, doc, pos, rows, valid)
+                    out, info = m(qq, pm, qd, qp, True, query_padding_mask=pad,
+                                  return_stats=True, query_window=window)
+                else:
+                    pm = m.project_memory(keys, keys, mask, doc, pos, rows, valid,
+                                          by_length=by_length)
+                    out, info = m(qq, pm, qd, qp, True, query_padding_mask=pad,
+                                  return_stats=True, query_window=window, **lay)
+                real = (~pad).t().unsqueeze(-1)
+                (out * real * torch.randn(out.shape, generator=torch.Generator().manual_seed(1),
+                                          dtype=out.dtype)).sum().backward()
+            res.append((out * real, info, qq.grad * real, k.grad,
+                        [p.grad for p in m.parameters()], fc.get_total_flops()))
+        (o1, i1, q1, k1, p1, f1), (o2, i2, q2, k2, p2, f2) = res
+        assert (o1 != 0).any()
+        torch.testing.assert_close(o2, o1, rtol=0, atol=1e-12)
+        torch.testing.assert_close(q2, q1, rtol=0, atol=1e-12)
+        torch.testing.assert_close(k2, k1, rtol=0, atol=1e-12)
+        for a, b in zip(p1, p2):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+        for key in ("sentence_support_sum", "word_support_sum", "num_support_pairs"):
+            assert float(i1[key]) == float(i2[key]), key
+        if mode[1] == "sparsemax":
+            assert f2 < f1, (f1, f2)
+
+
+@pytest.mark.parametrize("word_attn", ["softmax", "sparsemax"])
+def test_compacted_dropout_backward_is_the_gradient_through_the_normaliser(word_attn):
+    """``compact`` leaves the weights' gradient 0 in a tile's rows without
+    weight and draws the dropout mask only where a weight is nonzero: with
+    the weights from a sparsemax (as Eq. 3 gives them) ``gradcheck``
+    (float64, fixed seed) of the whole passes, several tiles and blocks."""
+    from ctx_fairseq.modules.sparsemax import sparsemax
+
+    g = torch.Generator().manual_seed(0)
+    G_, H_, M, d, S_, Lw, J = 2, 2, 5, 4, 6, 3, 6
+    q = torch.randn(G_, H_, M, d, generator=g, dtype=torch.double, requires_grad=True)
+    k = torch.randn(S_, H_, Lw, d, generator=g, dtype=torch.double, requires_grad=True)
+    v = torch.randn(S_, H_, Lw, d, generator=g, dtype=torch.double, requires_grad=True)
+    x = (3 * torch.randn(G_, H_, M, J, generator=g, dtype=torch.double)).requires_grad_()
+    index = torch.tensor([[0, 1, 2, 3, 4, 5], [4, 3, 0, 5, 1, 2]])
+    mask = torch.ones(S_, Lw, dtype=torch.bool)
+    mask[1, 2] = False
+
+    def f(q, k, v, x, compact=True):
+        w = sparsemax(x)
+        return _StreamedWordAttention.apply(q, k, v, w, index, mask, False, word_attn, 2, 5,
+                                            0.3, 1234, False, None, None, compact)[0]
+
+    w = sparsemax(x.detach())
+    assert bool((w == 0).any()) and bool((w.view(G_, H_, M, 3, 2) == 0).all(-1).any())
+    out = f(q, k, v, x)
+    assert torch.equal(out, f(q, k, v, x))  # the same seed: the same mask
+    assert not torch.equal(out, f(q, k, v, x, compact=False))  # its own masks
+    assert torch.autograd.gradcheck(f, (q, k, v, x), eps=1e-6, atol=1e-5)
+
+
 def _layer_inputs(n_sent, B=8, T=6, Lw=8, C_=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     keys = torch.randn(n_sent, Lw, C_, generator=g)
@@ -228,6 +311,7 @@ def test_flops_are_the_documented_formula(mode):
     for words in (Lw, 2 * Lw):  # the word level's share: the difference in L
         torch.manual_seed(0)
         m = HierarchicalContextAttention(C_, 2, *mode)
+        m.compact = False  # whole tiles (an accelerator's path; the CPU's computes less)
         k = torch.cat([keys, keys], 1)[:, :words]
         mk = torch.cat([mask, mask], 1)[:, :words]
         pm_args = (k, k, mk, doc, pos)
@@ -238,7 +322,8 @@ def test_flops_are_the_documented_formula(mode):
         with FlopCounterMode(display=False) as bwd:
             out.sum().backward()
         res[words] = (fwd.get_total_flops(), bwd.get_total_flops())
-    s_pad = -(-n // 32) * 32
+    block = m.block_for(torch.device("cpu"))
+    s_pad = -(-n // block) * block
     per_word = B * T * s_pad * C_  # B T S_pad C per memory word column
     proj = 2 * n * Lw * C_ * C_ * 2  # K_w and V projections of the extra L columns
     assert res[2 * Lw][0] - res[Lw][0] == 4 * per_word * Lw + proj
@@ -294,8 +379,9 @@ def test_memory_grows_linearly_with_the_document(mode):
             pm = m.project_memory(keys, keys, mask, doc, pos)
             out, _ = m(qq, pm, qd, qp, True, query_groups=m.group_queries(pm, qd))
             out.sum().backward()
-        s_pad = -(-n // m.word_block) * m.word_block
-        tile = min(tile_elems_for("cpu", m.tile_elems), B * H_ * T * m.word_block * Lw)
+        block = m.block_for(torch.device("cpu"))
+        s_pad = -(-n // block) * block
+        tile = min(tile_elems_for("cpu", m.tile_elems), B * H_ * T * block * Lw)
         bound = 24 * n * Lw * C_ + 40 * B * H_ * T * s_pad + 48 * tile
         assert tracker.peak <= bound, (n, tracker.peak, bound)
         if n == 1000:

@@ -433,8 +433,8 @@ class Bench:
             if k == "query_doc_groups":  # the kept rows of each document; the rest padding (n)
                 out[k] = torch.where(v < n, v, torch.full_like(v, n))
                 continue
-            if k in ("query_doc_sizes", "query_doc_tokens", "query_doc_token_counts",
-                     "query_bucket_rows", "query_bucket_restore", "query_bucket_shape"):
+            if k in ("query_doc_sizes", "query_doc_tokens", "query_doc_token_counts") \
+                    or k.startswith("query_bucket_"):
                 continue  # index the whole batch's rows (the layout per document stays exact)
             # per-sentence inputs follow the first n sentences; a document memory stays whole
             per_sentence = not memory or k.startswith("query_")

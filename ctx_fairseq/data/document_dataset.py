@@ -755,7 +755,7 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
                 ni.update(length_buckets(
                     ni["src_lengths"].numpy(), tgt_lens, self.length_buckets,
                     ni["src_tokens"].size(1), prev.size(1) if prev is not None else 1,
-                    self.pad_to_multiple))
+                    self.pad_to_multiple, bool(self.left_pad_target)))
         if "src" in self.windows and self.document_context != "none":
             offs = data_utils.collate_tokens([s["src_ctx_offsets"] for s in ordered], 0, 0,
                                              left_pad=self.left_pad_source, pad_to_length=1,

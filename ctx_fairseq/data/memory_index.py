@@ -89,7 +89,8 @@ def query_groups(query_doc: np.ndarray, num_docs: int) -> np.ndarray:
 
 
 def length_buckets(src_lens: np.ndarray, tgt_lens: np.ndarray, max_buckets: int,
-                   src_width: int, tgt_width: int, multiple: int = 1) -> Dict[str, object]:
+                   src_width: int, tgt_width: int, multiple: int = 1,
+                   left_pad_target: bool = False) -> Dict[str, object]:
     """The batch's rows in at most ``max_buckets`` groups of similar length
     (``--length-buckets``): a document batch holds a document's sentences in
     document order, so its tensors are padded to its longest sentence, on
@@ -106,8 +107,13 @@ def length_buckets(src_lens: np.ndarray, tgt_lens: np.ndarray, max_buckets: int,
     is its longest row rounded up to ``multiple``, at most the batch's).
     Returns ``query_bucket_rows`` (``B`` long tensor: the rows, group after
     group), ``query_bucket_restore`` (``B`` long tensor: the position of each
-    row in that order) and ``query_bucket_shape`` (``K x 3`` numpy int64,
-    rows, source width, target width per group: it stays on the host)."""
+    row in that order), ``query_bucket_shape`` (``K x 3`` numpy int64,
+    rows, source width, target width per group: it stays on the host) and
+    ``query_bucket_target_index`` (long tensor, one entry per real target
+    token): the position of each real target token in the groups' layout,
+    each group's ``rows x target width`` positions row by row, group after
+    group (``left_pad_target``: a row's tokens at the end of its width), so
+    that a decoder computes its output layer on the real tokens only."""
     src = np.asarray(src_lens, dtype=np.int64)
     tgt = np.asarray(tgt_lens, dtype=np.int64)
     n = len(src)
@@ -143,6 +149,14 @@ def length_buckets(src_lens: np.ndarray, tgt_lens: np.ndarray, max_buckets: int,
                       for a, b in zip(bounds[:-1], bounds[1:])], dtype=np.int64).reshape(-1, 3)
     restore = np.empty(n, dtype=np.int64)
     restore[order] = np.arange(n, dtype=np.int64)
+    # each row's first position in the groups' layout and its width
+    widths = np.repeat(shape[:, 2], shape[:, 0])
+    starts = np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64)
+    if left_pad_target:
+        starts = starts + widths - t
+    within = np.arange(int(t.sum()), dtype=np.int64) - np.repeat(np.cumsum(t) - t, t)
+    target_index = np.repeat(starts, t) + within
     return {"query_bucket_rows": torch.from_numpy(order.astype(np.int64)),
             "query_bucket_restore": torch.from_numpy(restore),
-            "query_bucket_shape": shape}
+            "query_bucket_shape": shape,
+            "query_bucket_target_index": torch.from_numpy(target_index)}

@@ -166,9 +166,9 @@ from ctx_fairseq.modules.selective_memory import (  # noqa: F401  (re-exported)
 from ctx_fairseq.modules.sparsemax import (  # noqa: F401  (re-exported)
     NORMALIZERS, masked_normalize, sparsemax)
 from ctx_fairseq.modules.word_attention import (
-    WORD_BLOCK,
     streamed_word_attention,
     tile_elems_for,
+    word_block_for,
 )
 
 __all__ = [
@@ -208,7 +208,8 @@ class HierarchicalContextAttention(nn.Module):
         word_capacity: 0, the only value (the opt-in capacity was removed).
         word_block: memory sentences per block of the streamed word level
             (:mod:`ctx_fairseq.modules.word_attention`; fixed, never derived
-            from the batch).
+            from the batch); None: the device's default
+            (:data:`ctx_fairseq.modules.word_attention.WORD_BLOCK`).
         tile_elems: about how many score elements one tile of the word level
             holds (forward and backward); None: the device's default
             (:data:`ctx_fairseq.modules.word_attention.TILE_ELEMS`).
@@ -224,7 +225,7 @@ class HierarchicalContextAttention(nn.Module):
                  selective: bool = True, attention_dropout: float = 0.0,
                  kdim: Optional[int] = None, vdim: Optional[int] = None,
                  sentence_distance: int = 0, word_capacity: int = WORD_CAPACITY,
-                 word_block: int = WORD_BLOCK, tile_elems: Optional[int] = None):
+                 word_block: Optional[int] = None, tile_elems: Optional[int] = None):
         super().__init__()
         if attention not in ATTENTION_TYPES:
             raise ValueError(f"attention: expected one of {ATTENTION_TYPES}, got {attention!r}")
@@ -238,7 +239,8 @@ class HierarchicalContextAttention(nn.Module):
             raise ValueError(
                 f"word_capacity {word_capacity}: the word level's capacity (--doc-word-capacity) "
                 "was removed; the streamed word level is exact and faster (0 is the only value)")
-        if int(word_block) < 1 or (tile_elems is not None and int(tile_elems) < 1):
+        if (word_block is not None and int(word_block) < 1) or (
+                tile_elems is not None and int(tile_elems) < 1):
             raise ValueError(f"word_block and tile_elems must be >= 1, got {word_block}, "
                              f"{tile_elems}")
         self.embed_dim = embed_dim
@@ -252,7 +254,10 @@ class HierarchicalContextAttention(nn.Module):
         self.word_attn = word_attn
         self.selective = selective
         self.word_capacity = 0
-        self.word_block = int(word_block)
+        self.word_block = int(word_block) if word_block else None  # None: the device's
+        #: the word level computes only the query rows with weight in a tile
+        #: (streamed_word_attention's ``compact``); None: on the CPU only
+        self.compact: Optional[bool] = None
         self.tile_elems = int(tile_elems) if tile_elems else None  # None: the device's default
         self.uses_sentences = attention in ("hierarchical", "flat-sentence")
         self.uses_words = attention in ("hierarchical", "flat-word")
@@ -273,6 +278,10 @@ class HierarchicalContextAttention(nn.Module):
                 torch.zeros(2 * self.sentence_distance + 1, num_heads))
         self.dropout_module = FairseqDropout(attention_dropout, module_name=self.__class__.__name__)
         self.reset_parameters()
+
+    def block_for(self, device: torch.device) -> int:
+        """Memory sentences per block of the word level on ``device``."""
+        return word_block_for(device, self.word_block)
 
     def reset_parameters(self):
         gain = 1 / math.sqrt(2)
@@ -464,7 +473,8 @@ class HierarchicalContextAttention(nn.Module):
                                                  query_window)
             doc_rows = memory.doc_rows
             s_real = s_max  # reported weights: the memory index's own width
-            extra = -s_max % self.word_block
+            block = self.block_for(query.device)
+            extra = -s_max % block
             if extra:  # whole blocks: a sentence's result must not depend on the batch's S_max
                 rows, valid, vis = (nn.functional.pad(x, (0, extra)) for x in (rows, valid, vis))
                 if query_groups is not None:
@@ -618,9 +628,10 @@ class HierarchicalContextAttention(nn.Module):
             weight = weight.gather(-1, lay.order[:, None, None, :].expand_as(weight))
         out, nnz, mass = streamed_word_attention(
             qw, memory.k_w, memory.v_w, weight, index, memory.word_mask, flat=flat,
-            word_attn=self.word_attn, block=self.word_block, tile_elems=self.tile_elems,
+            word_attn=self.word_attn, block=self.block_for(qw.device),
+            tile_elems=self.tile_elems,
             dropout=drop, want_nnz=want_nnz, spans=spans,
-            group_rows=lay.group_rows if spans is not None else None)
+            group_rows=lay.group_rows if spans is not None else None, compact=self.compact)
         if lay.order is not None:  # back to position order
             o = lay.order[:, None, None, :]
             if nnz is not None:
@@ -734,7 +745,7 @@ class DocumentContextLayer(nn.Module):
                  activation_fn: str = "relu", kdim: Optional[int] = None,
                  vdim: Optional[int] = None, export: bool = False,
                  sentence_distance: int = 0, word_capacity: int = WORD_CAPACITY,
-                 word_block: int = WORD_BLOCK, tile_elems: Optional[int] = None):
+                 word_block: Optional[int] = None, tile_elems: Optional[int] = None):
         super().__init__()
         self.embed_dim = embed_dim
         self.context_attn = HierarchicalContextAttention(

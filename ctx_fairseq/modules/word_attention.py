@@ -59,10 +59,15 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["streamed_word_attention", "WORD_BLOCK", "TILE_ELEMS", "tile_elems_for"]
+__all__ = ["streamed_word_attention", "WORD_BLOCK", "TILE_ELEMS", "tile_elems_for",
+           "word_block_for"]
 
-#: memory sentences per block (fixed: a sentence's result must not depend on the batch)
-WORD_BLOCK = 32
+#: memory sentences per block, per device type (fixed: a sentence's result must not
+#: depend on the batch). On the CPU, where a tile computes only the query rows that
+#: give one of its sentences a weight (``compact``), smaller blocks leave fewer rows
+#: in: 16 against 32 took the word level of a TVsub batch from 296 to 227 ms
+#: (forward and backward; 8: 278 ms); an accelerator computes whole tiles, larger
+WORD_BLOCK = {"cpu": 16, "default": 32}
 #: about how many score elements one tile holds (group, row and block chunks): on
 #: the CPU (cache-sized temporaries) and on an accelerator (fewer, larger kernels: a
 #: tile's dozen float32 temporaries take about 3 GiB there); the tiles split only
@@ -75,6 +80,13 @@ def tile_elems_for(device: torch.device, tile_elems: Optional[int] = None) -> in
     if tile_elems:
         return int(tile_elems)
     return TILE_ELEMS.get(torch.device(device).type, TILE_ELEMS["default"])
+
+
+def word_block_for(device: torch.device, word_block: Optional[int] = None) -> int:
+    """``word_block`` if given, else the default of ``device``'s type."""
+    if word_block:
+        return int(word_block)
+    return WORD_BLOCK.get(torch.device(device).type, WORD_BLOCK["default"])
 
 
 def _compute_dtype(t: Tensor) -> torch.dtype:
@@ -153,7 +165,7 @@ class _StreamedWordAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, weight, index, word_mask, flat: bool, word_attn: str, block: int,
                 tile_elems: int, p_drop: float, seed: int, want_nnz: bool, spans=None,
-                group_rows=None):
+                group_rows=None, compact: bool = False):
         G, H, M, d = q.shape
         J, L = index.size(1), k.size(2)
         dt = _compute_dtype(q)
@@ -175,6 +187,8 @@ class _StreamedWordAttention(torch.autograd.Function):
 
         for g0, g1, m0, m1, j0, j1, n, t in tiles():
             rs = (slice(g0, g1), slice(None), slice(m0, m1))
+            if compact and not flat and not t.compact():
+                continue  # no weight in the tile: it adds exactly 0
             if flat:
                 x = t.flat_logits(low)  # gq x H x mq x L x n
                 mx = torch.maximum(run_max[rs], x.amax((-2, -1)))
@@ -186,9 +200,10 @@ class _StreamedWordAttention(torch.autograd.Function):
             else:
                 P, p = t.hier_weights(word_attn)
                 if nnz is not None:  # nonzero word weights of the sentences with weight
-                    nnz[rs + (slice(j0, j1),)] = ((p != 0) & (t.weight() != 0).unsqueeze(-2)
-                                                  ).sum(-2)
-                out[rs] += t.read(_dropout(P, p_drop, seed, n))
+                    t.put_rows(nnz[rs + (slice(j0, j1),)],
+                               ((p != 0) & (t.weight() != 0).unsqueeze(-2)).sum(-2).to(nnz.dtype))
+                keep = _keep(P, p_drop, seed, n, (P != 0) if compact else None)
+                t.add_rows(out[rs], t.read(P if keep is None else P * keep))
         lse = None
         if flat:
             row_ok = run_max > low / 2  # a row with one visible word
@@ -204,7 +219,8 @@ class _StreamedWordAttention(torch.autograd.Function):
                     nnz[rs + (slice(j0, j1),)] = (P != 0).sum(-2)
                     mass[rs + (slice(j0, j1),)] = P.sum(-2)
         ctx.save_for_backward(q, k, v, weight, index, word_mask, out, lse)
-        ctx.cfg = (flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans, group_rows)
+        ctx.cfg = (flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans, group_rows,
+                   compact)
         if nnz is None:
             nnz = q.new_zeros(0, dtype=torch.int32)
         ctx.mark_non_differentiable(nnz, mass)
@@ -213,7 +229,8 @@ class _StreamedWordAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_nnz, _grad_mass):
         q, k, v, weight, index, word_mask, out, lse = ctx.saved_tensors
-        flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans, group_rows = ctx.cfg
+        flat, word_attn, block, tile_elems, p_drop, seed, dt, acc, spans, group_rows, compact = \
+            ctx.cfg
         G, H, M, d = q.shape
         J, L = index.size(1), k.size(2)
         low = torch.finfo(acc).min
@@ -230,20 +247,24 @@ class _StreamedWordAttention(torch.autograd.Function):
                                                        group_rows):
             t = _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc, cols)
             rs = (slice(g0, g1), slice(None), slice(m0, m1))
-            go = grad[rs]
+            if compact and not flat and not t.compact():
+                continue  # the forward skipped it: no gradient flows through it
+            go = t.pick(grad[rs])
             gv = t.grad_values(go)  # gq x H x mq x L x n
-            keep = _keep(gv, p_drop, seed, n)  # the forward's dropout mask (or None)
-            dP = gv if keep is None else gv * keep
             if flat:
+                keep = _keep(gv, p_drop, seed, n)  # the forward's dropout mask (or None)
+                dP = gv if keep is None else gv * keep
                 P = torch.exp(t.flat_logits(low) - lse[rs][..., None, None])
                 ds = P * (dP - D[rs][..., None, None])
                 if dw is not None:
                     dw[rs + (slice(j0, j1),)] = ds.sum(-2)
             else:
                 P, p = t.hier_weights(word_attn)
+                keep = _keep(gv, p_drop, seed, n, (P != 0) if compact else None)
+                dP = gv if keep is None else gv * keep
                 da = (p * dP).sum(-2)  # d loss / d a
                 if dw is not None:
-                    dw[rs + (slice(j0, j1),)] = da
+                    t.put_rows(dw[rs + (slice(j0, j1),)], da)
                 if word_attn == "softmax":
                     ds = P * (dP - da.unsqueeze(-2))
                 else:
@@ -256,7 +277,7 @@ class _StreamedWordAttention(torch.autograd.Function):
                 (dk.to(k.dtype) if dk is not None else None),
                 (dv.to(v.dtype) if dv is not None else None),
                 (dw.to(weight.dtype) if dw is not None else None),
-                None, None, None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 def _columns(spans, g0: int, g1: int, j0: int, j1: int, L: int) -> Optional[Tuple[int, int]]:
@@ -272,16 +293,27 @@ def _columns(spans, g0: int, g1: int, j0: int, j1: int, L: int) -> Optional[Tupl
     return max(0, c0), min(L, c1)
 
 
-def _keep(x: Tensor, p: float, seed: int, tile: int) -> Optional[Tensor]:
+def _keep(x: Tensor, p: float, seed: int, tile: int,
+          support: Optional[Tensor] = None) -> Optional[Tensor]:
     """Tile ``tile``'s dropout mask scaled by ``1 / (1 - p)`` (``x``'s shape and
     dtype), drawn from a generator seeded by ``(seed, tile)``: the same in the
-    forward and the backward; None when ``p`` is 0."""
+    forward and the backward; None when ``p`` is 0. With ``support`` (bool,
+    ``x``'s shape: the tile's nonzero weights, the same in both passes) only
+    those entries are drawn and the others are 0: a weight of 0 stays 0
+    whatever its mask, and most of a compacted tile's weights are 0 (drawing
+    the numbers is then most of the cost of dropout)."""
     if p <= 0:
         return None
     gen = torch.Generator(device=x.device)
     gen.manual_seed((seed + 1_000_003 * tile) % (1 << 63))
-    keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype) >= p
-    return keep.to(x.dtype).div_(1 - p)
+    if support is None:
+        keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype) >= p
+        return keep.to(x.dtype).div_(1 - p)
+    where = support.reshape(-1).nonzero().squeeze(1)
+    drawn = torch.rand(where.numel(), generator=gen, device=x.device, dtype=x.dtype) >= p
+    keep = torch.zeros(x.numel(), dtype=x.dtype, device=x.device)
+    keep[where] = drawn.to(x.dtype).div_(1 - p)
+    return keep.view(x.shape)
 
 
 def _dropout(x: Tensor, p: float, seed: int, tile: int) -> Tensor:
@@ -310,7 +342,7 @@ class _Tile:
         self.L = c1 - c0
         self.dt, self.acc = dt, acc
         self.k, self.v, self.wsrc = k[:, :, self.c], v[:, :, self.c], weight
-        self._keys = self._values = None
+        self._keys = self._values = self._weight = self.sel = None
         self.q = q[self.sl].to(dt)
         low = torch.finfo(acc).min
         words = word_mask[:, self.c][self.rows].transpose(1, 2)  # gq x L x n
@@ -335,8 +367,55 @@ class _Tile:
         return self._values
 
     def weight(self) -> Tensor:
-        """The tile's sentence term, ``gq x H x mq x n``."""
-        return self.wsrc[self.sl + (self.j,)].to(self.acc)
+        """The tile's sentence term, ``gq x H x mq x n`` (its selected rows
+        after :meth:`compact`)."""
+        if self._weight is None:
+            self._weight = self.wsrc[self.sl + (self.j,)].to(self.acc)
+        return self._weight
+
+    def compact(self) -> bool:
+        """Keeps, per group and head, only the query rows with a nonzero
+        sentence weight in the tile (hierarchical; one host read, the CPU's
+        path): False when there is none (the tile adds exactly 0). The other
+        rows would add ``0 * p v`` (exactly 0) to the output and to ``dq``,
+        ``dk``, ``dv``; their ``d a`` (left 0) only ever meets a normaliser
+        whose Jacobian is 0 where its output is 0 (sparsemax outside its
+        support, softmax where it underflows or is masked), so the model's
+        gradients are those of the full tile."""
+        w = self.weight()
+        on = (w != 0).any(-1)  # gq x H x mq
+        count = int(on.sum(-1).max()) if on.numel() else 0
+        if count == 0:
+            return False
+        if count < on.size(-1):
+            # each head's rows with weight first (in order), padded with rows of none
+            self.sel = torch.argsort((~on).to(torch.uint8), dim=-1, stable=True)[..., :count]
+            self.q = self.pick(self.q)
+            self._weight = self.pick(w)
+        return True
+
+    def pick(self, x: Tensor) -> Tensor:
+        """``x`` (``gq x H x mq x ...``) at the tile's selected rows."""
+        if self.sel is None:
+            return x
+        idx = self.sel.view(*self.sel.shape, *([1] * (x.dim() - 3)))
+        return x.gather(2, idx.expand(*self.sel.shape, *x.shape[3:]))
+
+    def add_rows(self, dst: Tensor, x: Tensor) -> None:
+        """``dst[selected rows] += x`` (``dst`` a ``gq x H x mq x ...`` view)."""
+        if self.sel is None:
+            dst += x.to(dst.dtype)
+            return
+        idx = self.sel.view(*self.sel.shape, *([1] * (x.dim() - 3)))
+        dst.scatter_add_(2, idx.expand_as(x), x.to(dst.dtype))
+
+    def put_rows(self, dst: Tensor, x: Tensor) -> None:
+        """``dst[selected rows] = x`` (``dst`` a ``gq x H x mq x ...`` view)."""
+        if self.sel is None:
+            dst.copy_(x)
+            return
+        idx = self.sel.view(*self.sel.shape, *([1] * (x.dim() - 3)))
+        dst.scatter_(2, idx.expand_as(x), x.to(dst.dtype))
 
     def scores(self) -> Tensor:
         """``gq x H x mq x L x n`` in the accumulation dtype."""
@@ -371,7 +450,7 @@ class _Tile:
     def accumulate(self, ds: Tensor, Pd: Tensor, go: Tensor, dq, dk, dv) -> None:
         ds, Pd = ds.to(self.dt).flatten(-2), Pd.to(self.dt).flatten(-2)
         if dq is not None:
-            dq[self.sl] += torch.matmul(ds, self.keys).to(dq.dtype)
+            self.add_rows(dq[self.sl], torch.matmul(ds, self.keys))
         flat_rows = self.rows.reshape(-1)
         gq, n = self.rows.shape
         for acc, a, b in ((dk, ds, self.q), (dv, Pd, go.to(self.dt))):
@@ -386,9 +465,9 @@ class _Tile:
 
 def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, index: Tensor,
                             word_mask: Tensor, flat: bool, word_attn: str = "softmax",
-                            block: int = WORD_BLOCK, tile_elems: Optional[int] = None,
+                            block: Optional[int] = None, tile_elems: Optional[int] = None,
                             dropout: float = 0.0, want_nnz: bool = False, spans=None,
-                            group_rows=None
+                            group_rows=None, compact: Optional[bool] = None
                             ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """The word level over groups (see the module docstring).
 
@@ -408,14 +487,25 @@ def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, ind
     skipped (with sentences ordered by length, most of the padding of a
     document's longest sentence is never read), one group per tile; with
     ``group_rows`` (numpy ``G``) only each group's first ``group_rows[g]``
-    query rows are computed (the others are padding: output 0)."""
+    query rows are computed (the others are padding: output 0).
+
+    ``compact`` (hierarchical; None: on the CPU only): each tile computes
+    only the query rows that give one of its sentences a nonzero weight
+    (:meth:`_Tile.compact`; one host read per tile, which an accelerator
+    would wait for) and a tile without weight is skipped. The output and the
+    gradients of ``q``, ``k``, ``v`` are those of the full tiles; ``weight``'s
+    gradient is left 0 in the rows of a tile that give it no weight, which is
+    exact for weights from a softmax or sparsemax (their Jacobian is 0 where
+    their output is 0: Eq. 3's sentence weights) but not for arbitrary ones
+    (``compact=False`` then)."""
     if word_attn not in ("softmax", "sparsemax"):
         raise ValueError(f"word_attn: expected softmax or sparsemax, got {word_attn!r}")
     seed = int(torch.randint(0, 1 << 62, (1,)).item()) if dropout > 0 else 0  # CPU generator
     out, nnz, mass = _StreamedWordAttention.apply(
-        q, k, v, weight.to(torch.promote_types(q.dtype, torch.float32)), index, word_mask, bool(flat), word_attn, int(block),
+        q, k, v, weight.to(torch.promote_types(q.dtype, torch.float32)), index, word_mask,
+        bool(flat), word_attn, word_block_for(q.device, block),
         tile_elems_for(q.device, tile_elems), float(dropout), seed, bool(want_nnz), spans,
-        group_rows)
+        group_rows, (q.device.type == "cpu") if compact is None else bool(compact))
     if not want_nnz:
         return out, None, None
     return out, nnz, (mass if flat else None)

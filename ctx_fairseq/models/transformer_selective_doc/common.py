@@ -15,7 +15,8 @@ from ctx_fairseq.modules.sentence_cache import to_device
 
 #: ``--length-buckets``: the batch's rows in groups of similar length
 #: (:func:`ctx_fairseq.data.memory_index.length_buckets`)
-BUCKET_KEYS = ("query_bucket_rows", "query_bucket_restore", "query_bucket_shape")
+BUCKET_KEYS = ("query_bucket_rows", "query_bucket_restore", "query_bucket_shape",
+               "query_bucket_target_index")
 MEMORY_KEYS = ("query_doc", "query_pos", "mem_src_tokens", "mem_src_lengths", "mem_doc",
                "mem_pos", "query_mem_row", "mem_tgt_tokens", "mem_tgt_lengths",
                "mem_tgt_prev_tokens", "mem_encoder_out", "mem_encoder_padding_mask",

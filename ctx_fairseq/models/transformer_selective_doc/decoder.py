@@ -258,9 +258,13 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         logits stay grouped, ``M x 1 x V`` (each group's ``rows x width``
         positions, group after group): a document batch's padded logits are
         about twice its real ones, and on the CPU writing them back in batch
-        order costs as much as the output layer. ``extra["length_groups"]``
-        then holds ``(rows, target width)`` per group, from which
-        ``get_targets`` groups the targets the same way."""
+        order costs as much as the output layer. With the collater's
+        ``query_bucket_target_index`` the output layer then runs on the real
+        target tokens only (``M`` = the batch's target tokens): the padding
+        left inside the groups is not projected onto the vocabulary.
+        ``extra["length_groups"]`` holds ``(rows, target width)`` per group
+        and ``extra["target_index"]`` that index, from which ``get_targets``
+        groups the targets the same way."""
         groups = None
         if encoder_out is not None and incremental_state is None and self.context_layer is None:
             groups = length_groups({k: encoder_out[k][0] for k in BUCKET_KEYS
@@ -274,18 +278,24 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         left_t = bool(getattr(self.args, "left_pad_target", False))
         states, mask = encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
         S, T = states.size(0), prev_output_tokens.size(1)
+        grouped = self.grouped_logits and not features_only
+        index = encoder_out.get("query_bucket_target_index", [None])[0] if grouped else None
         outs = []
         for rows, src_width, tgt_width in groups:
             cut = cut_slice(S, src_width, left_s)
             enc = {"encoder_out": [states.index_select(1, rows)[cut]],
                    "encoder_padding_mask": [mask.index_select(0, rows)[:, cut]]}
             prev = prev_output_tokens.index_select(0, rows)[:, cut_slice(T, tgt_width, left_t)]
-            outs.append(super().forward(prev, enc, None, features_only, full_context_alignment,
-                                        alignment_layer, alignment_heads, None,
-                                        return_all_hiddens))
+            outs.append(super().forward(prev, enc, None, features_only or index is not None,
+                                        full_context_alignment, alignment_layer,
+                                        alignment_heads, None, return_all_hiddens))
         extra: Dict[str, list] = {}
-        if self.grouped_logits and not features_only:
-            x = torch.cat([o[0].reshape(-1, o[0].size(-1)) for o in outs], 0).unsqueeze(1)
+        if grouped:
+            x = torch.cat([o[0].reshape(-1, o[0].size(-1)) for o in outs], 0)
+            if index is not None:  # the output layer on the real target tokens only
+                x = self.output_layer(x.index_select(0, index))
+                extra["target_index"] = index
+            x = x.unsqueeze(1)
             extra["length_groups"] = [(rows, tgt_width) for rows, _, tgt_width in groups]
         else:
             x = ungroup([o[0] for o in outs], 0, {1: (T, left_t)}, restore)

@@ -293,15 +293,20 @@ class TransformerSelectiveDocModel(TransformerModel):
     def get_targets(self, sample, net_output):
         """fairseq's targets; for grouped logits (:meth:`grouped_logits`)
         grouped the same way, ``M x 1`` (a group's padding positions are
-        padding here too, which the loss ignores)."""
+        padding here too, which the loss ignores; with the decoder's
+        ``target_index`` only the real tokens)."""
         groups = net_output[1].get("length_groups") if len(net_output) > 1 else None
         if not groups:
             return super().get_targets(sample, net_output)
         target = sample["target"]
         left = bool(getattr(self.args, "left_pad_target", False))
         T = target.size(1)
-        return torch.cat([target.index_select(0, rows)[:, cut_slice(T, width, left)].reshape(-1)
-                          for rows, width in groups], 0).unsqueeze(1)
+        flat = torch.cat([target.index_select(0, rows)[:, cut_slice(T, width, left)].reshape(-1)
+                          for rows, width in groups], 0)
+        index = net_output[1].get("target_index")
+        if index is not None:  # the logits of the real target tokens only
+            flat = flat.index_select(0, index)
+        return flat.unsqueeze(1)
 
     def context_statistics(self) -> Dict[str, Tensor]:
         """``[sum, count]`` of the last recorded forward pass (see the module
