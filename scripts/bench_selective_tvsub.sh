@@ -16,6 +16,9 @@
 #   episode.json       one training step on the batch with the largest document
 #                      memory (scripts/bench_train_step.py --pick largest-memory)
 #   summary.txt        target tokens/s of both over all logged intervals, the ratio
+# TOKENS=600000: instead of N updates each, each model trains on that many target
+# tokens (recipes/tvsub_zh_en/budget.py, as the study's stage 2 does: 600,000 is the
+# study's DOC_TOKENS), so the rates are over the study's whole stage 2.
 # The shape and batch size are the study's (DIM=192 FFN=768 MAX_TOKENS=2048);
 # DIM=256 FFN=1024 MAX_TOKENS=4096 gives the shape of the first study
 # (2026-11-26); LENGTH_BUCKETS=1 selective's batches as one length group
@@ -50,12 +53,21 @@ if [ ! -f "$OUT/stage1/checkpoint_last.pt" ]; then
         --num-workers 0 --criterion label_smoothed_cross_entropy --no-epoch-checkpoints \
         --disable-validation > "$OUT/stage1.log" 2>&1
 fi
-common=("${TRAIN[@]}" --log-interval 10 --max-update "$N" --disable-validation --no-save)
-fairseq-train "$DATA" "${common[@]}" --save-dir "$OUT/selective" "${SELECTIVE[@]}" \
-    > "$OUT/selective.log" 2>&1
+TRANSFORMER=(--arch transformer --source-context-size 0)
+N_SELECTIVE=$N
+N_TRANSFORMER=$N
+if [ -n "${TOKENS:-}" ]; then  # the study's stage 2: an equal target-token budget
+    N_SELECTIVE=$("$PY" recipes/tvsub_zh_en/budget.py "$TOKENS" "$OUT/budget-selective.json" -- \
+        "$DATA" "${TRAIN[@]}" --save-dir "$OUT/selective" "${SELECTIVE[@]}" 2> "$OUT/budget.log" | tail -n 1)
+    N_TRANSFORMER=$("$PY" recipes/tvsub_zh_en/budget.py "$TOKENS" "$OUT/budget-transformer.json" -- \
+        "$DATA" "${TRAIN[@]}" --save-dir "$OUT/transformer" "${TRANSFORMER[@]}" 2>> "$OUT/budget.log" | tail -n 1)
+fi
+common=("${TRAIN[@]}" --log-interval 10 --disable-validation --no-save)
+fairseq-train "$DATA" "${common[@]}" --max-update "$N_SELECTIVE" --save-dir "$OUT/selective" \
+    "${SELECTIVE[@]}" > "$OUT/selective.log" 2>&1
 cp "$OUT/stage1/checkpoint_last.pt" "$OUT/transformer-init.pt"
-fairseq-train "$DATA" "${common[@]}" --save-dir "$OUT/transformer" --arch transformer \
-    --source-context-size 0 --restore-file "$OUT/transformer-init.pt" --reset-optimizer \
+fairseq-train "$DATA" "${common[@]}" --max-update "$N_TRANSFORMER" --save-dir "$OUT/transformer" \
+    "${TRANSFORMER[@]}" --restore-file "$OUT/transformer-init.pt" --reset-optimizer \
     --reset-dataloader --reset-meters --reset-lr-scheduler > "$OUT/transformer.log" 2>&1
 "$PY" scripts/bench_train_step.py "$DATA" "${TRAIN[@]}" --save-dir "$OUT/episode" \
     "${SELECTIVE[@]}" -- --pick largest-memory --steps 2 --json "$OUT/episode.json" \
@@ -71,9 +83,16 @@ def rate(name):
             toks += float(f["wpb"]) * 10
             secs += float(f["wpb"]) * 10 / float(f["wps"])
     return toks / secs if secs else float("nan")
+def updates(name):
+    n = 0
+    for line in open(f"{out}/{name}.log"):
+        if "train_inner" in line:
+            n = int(dict(re.findall(r"(\w+)=([0-9.e+-]+)", line))["num_updates"])
+    return n
 sel, tr = rate("selective"), rate("transformer")
 ep = json.load(open(f"{out}/episode.json"))
-text = (f"selective {sel:.1f} target tokens/s, transformer {tr:.1f}: {sel / tr:.2f}x\n"
+text = (f"selective {sel:.1f} target tokens/s, transformer {tr:.1f}: {sel / tr:.2f}x "
+        f"({updates('selective')} and {updates('transformer')} updates)\n"
         f"largest-memory batch: {ep['sentences']} sentences, {ep['visible_memory_sentences_max']} "
         f"memory sentences visible, {ep['step_s']} s per update, peak RSS {ep['peak_rss_mb']} MB\n")
 open(f"{out}/summary.txt", "w").write(text)

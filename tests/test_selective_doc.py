@@ -1242,12 +1242,15 @@ def _reads(fn):
 
 
 def _accelerator_path(model):
-    """The word level as an accelerator runs it, whole tiles (on the CPU a
-    tile computes only its rows with weight, which reads each tile's row
-    count: ``HierarchicalContextAttention.compact``)."""
+    """The model as an accelerator runs it: the word level in whole tiles
+    and the FFN over the padded batch (on the CPU a tile computes only its
+    rows with weight and the FFN only the real tokens, which reads each
+    tile's row count and the real positions: ``compact``, ``pack_on_cpu``)."""
     for mod in model.modules():
         if hasattr(mod, "compact"):
             mod.compact = False
+        if hasattr(mod, "pack_on_cpu"):
+            mod.pack_on_cpu = False
 
 
 @pytest.mark.parametrize("mode", ["online", "offline"])

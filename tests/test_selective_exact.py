@@ -257,6 +257,47 @@ def test_compacted_tiles_equal_whole_tiles(mode):
             assert f2 < f1, (f1, f2)
 
 
+def test_context_layer_on_the_real_query_tokens_equals_the_padded_batch():
+    """DocumentContextLayer with the collater's ``query_tokens`` runs its
+    layer norms, FFN and gate on the real query tokens only: ``r~``, ``d``
+    and ``gamma`` at the real tokens, and every gradient, equal the padded
+    batch's (float64); the padding keeps ``r~ = r``, and a sentence
+    without context keeps ``r~ = r`` exactly."""
+    from ctx_fairseq.modules.selective_attention import DocumentContextLayer
+
+    docs = [(30, 9, 6, 7), (7, 4, 3, 5), (20, 14, 9, 3)]
+    q, pad, qd, qp, memory, layout = _batch(docs, 32, 3)
+    keys, mask, doc, pos, rows, valid, by_length = memory
+    qp = qp.clone()
+    qp[0] = 0  # online: the first query sees no sentence (no context)
+    res = []
+    for tokens in (None, layout["query_tokens"]):
+        torch.manual_seed(0)
+        m = DocumentContextLayer(32, 4, 48).double()
+        r = q.double().clone().requires_grad_()
+        pm = m.project_memory(keys.double(), keys.double(), mask, doc, pos, rows, valid,
+                              by_length=by_length)
+        kw = dict(layout) if tokens is not None else dict(query_groups=layout["query_groups"])
+        out, info = m(r, pm, qd, qp, True, query_padding_mask=pad, return_stats=True, **kw)
+        real = (~pad).t().unsqueeze(-1)
+        (out * real * torch.randn(out.shape, generator=torch.Generator().manual_seed(1),
+                                  dtype=out.dtype)).sum().backward()
+        res.append((out.detach(), info, r.grad, [p.grad for p in m.parameters()]))
+        if tokens is not None:
+            assert torch.equal(out.detach()[pad.t()], r.detach()[pad.t()])
+        assert torch.equal(out.detach()[:, 0], r.detach()[:, 0])  # no context: r~ = r
+    (o1, i1, g1, p1), (o2, i2, g2, p2) = res
+    real = (~pad).t().unsqueeze(-1)
+    torch.testing.assert_close(o2 * real, o1 * real, rtol=0, atol=1e-12)
+    torch.testing.assert_close(i2["d"] * real, i1["d"] * real, rtol=0, atol=1e-12)
+    torch.testing.assert_close(i2["gate"] * real, i1["gate"] * real, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g2, g1, rtol=0, atol=1e-12)
+    for a, b in zip(p1, p2):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+    for key in ("gate_sum", "gate_tokens", "query_tokens"):
+        torch.testing.assert_close(i2[key], i1[key], rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("word_attn", ["softmax", "sparsemax"])
 def test_compacted_dropout_backward_is_the_gradient_through_the_normaliser(word_attn):
     """``compact`` leaves the weights' gradient 0 in a tile's rows without

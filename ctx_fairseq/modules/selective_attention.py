@@ -763,6 +763,40 @@ class DocumentContextLayer(nn.Module):
         self.final_layer_norm = LayerNorm(embed_dim, export=export)
         self.gate = ContextGating(embed_dim)
 
+    def _context_output(self, a: Tensor) -> Tensor:
+        """``LN(dropout(fc2(act_dropout(act(fc1(LN(dropout(a))))))))`` (Sec. 3.1)."""
+        x = self.attn_layer_norm(self.dropout_module(a))
+        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
+        return self.final_layer_norm(self.dropout_module(self.fc2(x)))
+
+    def _real_tokens(self, a: Tensor, r: Tensor, has_context: Tensor,
+                     query_tokens: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """The position-wise part after the attention (layer norms, FFN, Eq. 7-8)
+        on the real query tokens only: ``query_tokens`` (``D x M_max``, the
+        collater's ``query_doc_tokens``) holds the flat positions ``b T + t``
+        of each document's real tokens, padded with ``B T`` (static shapes).
+        A document batch pads its sentences to about twice their real tokens;
+        the padding positions keep ``r~ = r`` (``d = 0``, ``gamma = 1``), which
+        no reader looks at. Returns ``(r~, d, gamma)``, ``T x B x C``."""
+        T, B, C = r.shape
+        index = query_tokens.reshape(-1)
+
+        def pick(x: Tensor) -> Tensor:  # T x B x C -> N x C (row B T: zeros)
+            flat = x.transpose(0, 1).reshape(B * T, -1)
+            return torch.cat([flat, flat.new_zeros(1, flat.size(1))]).index_select(0, index)
+
+        def put(part: Tensor, base: Tensor) -> Tensor:  # N x C into T x B x C
+            flat = torch.cat([base.transpose(0, 1).reshape(B * T, -1),
+                              base.new_zeros(1, base.size(-1))])
+            flat = flat.index_copy(0, index, part.to(flat.dtype))  # row B T: the padding's
+            return flat[:B * T].view(B, T, -1).transpose(0, 1)
+
+        with_context = torch.cat([has_context, has_context.new_zeros(1)]).index_select(
+            0, torch.div(index, T, rounding_mode="floor"))  # N: the token's sentence's
+        d = self._context_output(pick(a)).masked_fill(~with_context.unsqueeze(1), 0.0)
+        r_tilde, gamma = self.gate(pick(r).unsqueeze(0), d.unsqueeze(0), with_context)
+        return put(r_tilde[0], r), put(d, torch.zeros_like(r)), put(gamma[0], torch.ones_like(r))
+
     def project_memory(self, mem_keys: Tensor, mem_values: Tensor, mem_word_mask: Tensor,
                        mem_doc: Tensor, mem_pos: Tensor, doc_rows: Optional[Tensor] = None,
                        doc_valid: Optional[Tensor] = None,
@@ -793,12 +827,12 @@ class DocumentContextLayer(nn.Module):
             need_word_weights=need_word_weights, return_stats=return_stats,
             query_groups=query_groups, query_tokens=query_tokens, group_rows=group_rows,
             query_window=query_window)
-        x = self.attn_layer_norm(self.dropout_module(a))
-        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
-        x = self.final_layer_norm(self.dropout_module(self.fc2(x)))
         has_context = info["has_context"]
-        d = x.masked_fill(~has_context.view(1, -1, 1), 0.0)
-        r_tilde, gamma = self.gate(r, d, has_context)
+        if query_tokens is not None:  # the real query tokens only (the collater's index)
+            r_tilde, d, gamma = self._real_tokens(a, r, has_context, query_tokens)
+        else:
+            d = self._context_output(a).masked_fill(~has_context.view(1, -1, 1), 0.0)
+            r_tilde, gamma = self.gate(r, d, has_context)
         info["d"] = d
         info["gate"] = gamma
         if return_stats:

@@ -8,7 +8,6 @@ import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules import MultiheadAttention
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor
 
 from ctx_fairseq.models._fairseq_utils import (
@@ -33,6 +32,7 @@ from ctx_fairseq.models.transformer_selective_doc.common import (
     sentence_level_weights,
     ungroup,
 )
+from ctx_fairseq.modules.real_token_ffn import RealTokenDecoderLayer
 from ctx_fairseq.modules.sentence_cache import (
     assemble_rows,
     row_keys,
@@ -53,7 +53,7 @@ class RecordingAttention(MultiheadAttention):
         return out, weights
 
 
-class RecordingDecoderLayer(TransformerDecoderLayerBase):
+class RecordingDecoderLayer(RealTokenDecoderLayer):
     def build_encoder_attention(self, embed_dim, cfg):
         return RecordingAttention(
             embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
@@ -86,7 +86,7 @@ class SelectiveDocDecoder(TransformerDecoderBase):
         last = layer_being_built(self) + 1 == cfg.decoder.layers
         if getattr(cfg, "context_integration", None) != "decoder" or not last:
             # only the last layer's source attention is read (decoder integration)
-            return wrap_layer(TransformerDecoderLayerBase(cfg, no_encoder_attn), cfg)
+            return wrap_layer(RealTokenDecoderLayer(cfg, no_encoder_attn), cfg)
         layer = RecordingDecoderLayer(cfg, no_encoder_attn)
         if cfg.checkpoint_activations:
             # the context layer reads the last layer's source attention as a side

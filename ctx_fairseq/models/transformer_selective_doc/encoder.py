@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from fairseq.models.transformer import TransformerEncoderBase
 from torch import Tensor
 
+from ctx_fairseq.models._fairseq_utils import wrap_layer
 from ctx_fairseq.models.transformer_selective_doc.common import (
     EvalMode,
     MEMORY_KEYS,
@@ -31,6 +32,7 @@ from ctx_fairseq.models.transformer_selective_doc.common import (
     state_index,
     ungroup,
 )
+from ctx_fairseq.modules.real_token_ffn import RealTokenEncoderLayer
 from ctx_fairseq.modules.sentence_cache import (
     assemble_rows,
     row_keys,
@@ -52,6 +54,10 @@ class SelectiveDocEncoder(TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens)
         init_context_part(self, args, "encoder", cfg.encoder)
         self.memory_encoder: Optional[TransformerEncoderBase] = None  # frozen copy
+
+    def build_encoder_layer(self, cfg):
+        # fairseq's layer, its FFN on the real tokens on the CPU (modules/real_token_ffn.py)
+        return wrap_layer(RealTokenEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
     def _state_index(self, doc: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
         source, extra = doc.get("mem_state_index"), doc.get("mem_extra_rows")
