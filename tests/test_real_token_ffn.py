@@ -44,34 +44,43 @@ def _pair(kind, normalize_before):
     return ours, theirs
 
 
-def _inputs():
+def _inputs(left=False):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(T, B, C, generator=g, dtype=torch.double)
     lengths = torch.tensor([7, 3, 5, 1, 6])
     pad = torch.arange(T)[None] >= lengths[:, None]  # B x T, right-padded
+    if left:
+        pad = pad.flip(1)
     enc = torch.randn(6, B, C, generator=g, dtype=torch.double)
     enc_pad = torch.arange(6)[None] >= torch.tensor([6, 2, 4, 6, 3])[:, None]
     return x, pad, enc, enc_pad
 
 
-def _run(layer, kind, x, pad, enc, enc_pad):
+def _run(layer, kind, x, pad, enc, enc_pad, positional=False):
     if kind == "encoder":
         return layer(x, pad)
     causal = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.double), 1)
+    if positional:  # fairseq's signature: the padding mask is the 8th argument
+        return layer(x, enc, enc_pad, None, None, None, causal, pad)[0]
     return layer(x, enc, enc_pad, None, self_attn_mask=causal, self_attn_padding_mask=pad)[0]
 
 
 @pytest.mark.parametrize("normalize_before", [False, True], ids=["post-norm", "pre-norm"])
-@pytest.mark.parametrize("kind", ["encoder", "decoder"])
-def test_real_positions_equal_fairseqs_layer(kind, normalize_before):
+@pytest.mark.parametrize("kind,left,positional", [
+    ("encoder", False, False), ("encoder", True, False), ("decoder", False, False),
+    ("decoder", False, True), ("decoder", True, False)],
+    ids=["encoder", "encoder-left-pad", "decoder", "decoder-positional", "decoder-left-pad"])
+def test_real_positions_equal_fairseqs_layer(kind, left, positional, normalize_before):
     ours, theirs = _pair(kind, normalize_before)
-    x, pad, enc, enc_pad = _inputs()
+    x, pad, enc, enc_pad = _inputs(left)
+    calls = []
+    ours.fc1.register_forward_hook(lambda m, i, o: calls.append(o.size(0)))
     real = (~pad).t().unsqueeze(-1)  # T x B x 1
     w = torch.randn(T, B, C, generator=torch.Generator().manual_seed(2), dtype=torch.double)
     res = []
     for layer in (ours, theirs):
         xx = x.clone().requires_grad_()
-        out = _run(layer, kind, xx, pad, enc, enc_pad)
+        out = _run(layer, kind, xx, pad, enc, enc_pad, positional)
         (out * real * w).sum().backward()
         res.append((out.detach(), xx.grad, {n: p.grad for n, p in layer.named_parameters()}))
     (o1, g1, p1), (o2, g2, p2) = res
@@ -80,8 +89,27 @@ def test_real_positions_equal_fairseqs_layer(kind, normalize_before):
     for n in p2:
         torch.testing.assert_close(p1[n], p2[n], rtol=0, atol=1e-12, msg=n)
     assert ours.fc1.rows is None and ours.fc2.rows is None  # nothing left set
-    if not normalize_before:  # the padding: the residual path only (fc2 gave zeros there)
-        assert torch.isfinite(o1).all()
+    assert calls == [int((~pad).sum())]  # the FFN saw the real tokens only
+    assert torch.isfinite(o1).all()
+
+
+def test_an_incremental_step_equals_fairseqs():
+    """One decoding step (``1 x B``, a padding mask of ``B x 1``): the real
+    rows as fairseq's layer, the state kept alike."""
+    ours, theirs = _pair("decoder", False)
+    ours.eval(), theirs.eval()
+    x, _, enc, enc_pad = _inputs()
+    step_pad = torch.tensor([[False], [True], [False], [False], [True]])
+    outs = []
+    for layer in (ours, theirs):
+        state = {}
+        with torch.no_grad():
+            for t in range(3):
+                out = layer(x[t:t + 1], enc, enc_pad, state, self_attn_padding_mask=step_pad
+                            if t == 2 else None)[0]
+        outs.append(out)
+    real = ~step_pad.t().unsqueeze(-1)
+    torch.testing.assert_close(outs[0] * real, outs[1] * real, rtol=0, atol=1e-12)
 
 
 def test_no_padding_and_other_devices_run_fairseqs_code():

@@ -265,37 +265,47 @@ def test_context_layer_on_the_real_query_tokens_equals_the_padded_batch():
     without context keeps ``r~ = r`` exactly."""
     from ctx_fairseq.modules.selective_attention import DocumentContextLayer
 
+    from ctx_fairseq.data.memory_index import query_groups, query_token_groups
+
     docs = [(30, 9, 6, 7), (7, 4, 3, 5), (20, 14, 9, 3)]
     q, pad, qd, qp, memory, layout = _batch(docs, 32, 3)
     keys, mask, doc, pos, rows, valid, by_length = memory
-    qp = qp.clone()
+    qp, qd = qp.clone(), qd.clone()
     qp[0] = 0  # online: the first query sees no sentence (no context)
+    qd[7] = -1  # context dropout: a query without a document in the memory
+    B, T = pad.shape
+    groups = query_groups(qd.numpy(), len(docs))
+    tokens = query_token_groups(groups, (~pad).sum(1).numpy(), T, True)
+    layout = dict(query_groups=torch.from_numpy(groups), query_tokens=torch.from_numpy(tokens),
+                  group_rows=(tokens < B * T).sum(1))
+    real = (~pad).t().unsqueeze(-1)
     res = []
-    for tokens in (None, layout["query_tokens"]):
+    for kind in ("padded", "real tokens", "D x M_max rows"):
         torch.manual_seed(0)
         m = DocumentContextLayer(32, 4, 48).double()
         r = q.double().clone().requires_grad_()
         pm = m.project_memory(keys.double(), keys.double(), mask, doc, pos, rows, valid,
                               by_length=by_length)
-        kw = dict(layout) if tokens is not None else dict(query_groups=layout["query_groups"])
+        kw = {"padded": dict(query_groups=layout["query_groups"]), "real tokens": layout,
+              "D x M_max rows": dict(layout, group_rows=None)}[kind]
         out, info = m(r, pm, qd, qp, True, query_padding_mask=pad, return_stats=True, **kw)
-        real = (~pad).t().unsqueeze(-1)
         (out * real * torch.randn(out.shape, generator=torch.Generator().manual_seed(1),
                                   dtype=out.dtype)).sum().backward()
         res.append((out.detach(), info, r.grad, [p.grad for p in m.parameters()]))
-        if tokens is not None:
+        if kind != "padded":
             assert torch.equal(out.detach()[pad.t()], r.detach()[pad.t()])
-        assert torch.equal(out.detach()[:, 0], r.detach()[:, 0])  # no context: r~ = r
-    (o1, i1, g1, p1), (o2, i2, g2, p2) = res
-    real = (~pad).t().unsqueeze(-1)
-    torch.testing.assert_close(o2 * real, o1 * real, rtol=0, atol=1e-12)
-    torch.testing.assert_close(i2["d"] * real, i1["d"] * real, rtol=0, atol=1e-12)
-    torch.testing.assert_close(i2["gate"] * real, i1["gate"] * real, rtol=0, atol=1e-12)
-    torch.testing.assert_close(g2, g1, rtol=0, atol=1e-12)
-    for a, b in zip(p1, p2):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
-    for key in ("gate_sum", "gate_tokens", "query_tokens"):
-        torch.testing.assert_close(i2[key], i1[key], rtol=0, atol=1e-9)
+        for b in (0, 7):  # no context: r~ = r
+            assert torch.equal(out.detach()[:, b], r.detach()[:, b])
+    o1, i1, g1, p1 = res[0]
+    for o2, i2, g2, p2 in res[1:]:
+        torch.testing.assert_close(o2 * real, o1 * real, rtol=0, atol=1e-12)
+        torch.testing.assert_close(i2["d"] * real, i1["d"] * real, rtol=0, atol=1e-12)
+        torch.testing.assert_close(i2["gate"] * real, i1["gate"] * real, rtol=0, atol=1e-12)
+        torch.testing.assert_close(g2, g1, rtol=0, atol=1e-12)
+        for a, b in zip(p1, p2):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+        for key in ("gate_sum", "gate_tokens", "query_tokens"):
+            torch.testing.assert_close(i2[key], i1[key], rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("word_attn", ["softmax", "sparsemax"])

@@ -9,11 +9,16 @@ position-wise products. Each layer's ``forward`` gathers the rows of its
 real positions (from the padding mask fairseq passes it: one host read,
 which an accelerator would wait for, hence the CPU only) before ``fc1`` and
 scatters ``fc2``'s output back, zeros at the padding, which every reader
-masks (the self-attention's and the source attention's keys, the loss). The
+masks (the self-attention's and the source attention's keys, the loss;
+with ``return_fc`` fairseq's ``fc_results`` hold those zeros too). The
 real positions' values are those of fairseq's layer (the same products per
 row; tested). Everything else is fairseq's layer: the mixin only overrides
 ``build_fc1``/``build_fc2`` and wraps ``forward``; parameter names and
-checkpoints are unchanged.
+checkpoints are unchanged. The layers keep the real positions on their
+``fc1``/``fc2`` for the length of one forward (set and cleared around
+fairseq's ``forward``; activation checkpointing re-enters it and sets them
+again), so they are not scriptable with TorchScript (nothing here scripts
+them).
 """
 
 from typing import Callable, Optional, Tuple
@@ -102,8 +107,9 @@ class RealTokenEncoderLayer(_RealTokenFFN, TransformerEncoderLayerBase):
 
 
 class RealTokenDecoderLayer(_RealTokenFFN, TransformerDecoderLayerBase):
-    """fairseq's decoder layer, its FFN on the real tokens on the CPU (a whole
-    sentence's forward; an incremental step has no padding)."""
+    """fairseq's decoder layer, its FFN on the real tokens on the CPU (the
+    padding mask from ``self_attn_padding_mask``, keyword or positional;
+    an incremental step's ``B x 1`` mask alike)."""
 
     def forward(self, x, *args, **kwargs):
         mask = kwargs.get("self_attn_padding_mask")

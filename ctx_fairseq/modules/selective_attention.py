@@ -631,7 +631,8 @@ class HierarchicalContextAttention(nn.Module):
             word_attn=self.word_attn, block=self.block_for(qw.device),
             tile_elems=self.tile_elems,
             dropout=drop, want_nnz=want_nnz, spans=spans,
-            group_rows=lay.group_rows if spans is not None else None, compact=self.compact)
+            group_rows=lay.group_rows if spans is not None else None,
+            compact=(qw.device.type == "cpu") if self.compact is None else self.compact)
         if lay.order is not None:  # back to position order
             o = lay.order[:, None, None, :]
             if nnz is not None:
@@ -769,17 +770,27 @@ class DocumentContextLayer(nn.Module):
         x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
         return self.final_layer_norm(self.dropout_module(self.fc2(x)))
 
-    def _real_tokens(self, a: Tensor, r: Tensor, has_context: Tensor,
-                     query_tokens: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    def _real_tokens(self, a: Tensor, r: Tensor, has_context: Tensor, query_tokens: Tensor,
+                     group_rows=None) -> Tuple[Tensor, Tensor, Tensor]:
         """The position-wise part after the attention (layer norms, FFN, Eq. 7-8)
-        on the real query tokens only: ``query_tokens`` (``D x M_max``, the
+        on the real query tokens only (encoder integration, where the collater
+        gives them; any device): ``query_tokens`` (``D x M_max``, the
         collater's ``query_doc_tokens``) holds the flat positions ``b T + t``
-        of each document's real tokens, padded with ``B T`` (static shapes).
-        A document batch pads its sentences to about twice their real tokens;
-        the padding positions keep ``r~ = r`` (``d = 0``, ``gamma = 1``), which
-        no reader looks at. Returns ``(r~, d, gamma)``, ``T x B x C``."""
+        of each document's real tokens, padded with ``B T``; with
+        ``group_rows`` (host numpy ``D``, ``query_doc_token_counts``) only
+        each document's own count is read, so the rows are exactly the real
+        tokens (without it, ``D x M_max`` rows, the padding ones reading a row
+        of zeros). A document batch pads its sentences to about twice their
+        real tokens; the padding positions keep ``r~ = r`` (``d = 0``,
+        ``gamma = 1``), which no reader looks at. A query without a document
+        in the memory (context dropout) is in no row: ``r~ = r``. Returns
+        ``(r~, d, gamma)``, ``T x B x C``."""
         T, B, C = r.shape
-        index = query_tokens.reshape(-1)
+        if group_rows is not None:
+            index = torch.cat([query_tokens[d, :int(n)] for d, n in enumerate(group_rows)]
+                              + [query_tokens.new_zeros(0)])
+        else:
+            index = query_tokens.reshape(-1)
 
         def pick(x: Tensor) -> Tensor:  # T x B x C -> N x C (row B T: zeros)
             flat = x.transpose(0, 1).reshape(B * T, -1)
@@ -829,7 +840,7 @@ class DocumentContextLayer(nn.Module):
             query_window=query_window)
         has_context = info["has_context"]
         if query_tokens is not None:  # the real query tokens only (the collater's index)
-            r_tilde, d, gamma = self._real_tokens(a, r, has_context, query_tokens)
+            r_tilde, d, gamma = self._real_tokens(a, r, has_context, query_tokens, group_rows)
         else:
             d = self._context_output(a).masked_fill(~has_context.view(1, -1, 1), 0.0)
             r_tilde, gamma = self.gate(r, d, has_context)

@@ -202,7 +202,7 @@ class _StreamedWordAttention(torch.autograd.Function):
                 if nnz is not None:  # nonzero word weights of the sentences with weight
                     t.put_rows(nnz[rs + (slice(j0, j1),)],
                                ((p != 0) & (t.weight() != 0).unsqueeze(-2)).sum(-2).to(nnz.dtype))
-                keep = _keep(P, p_drop, seed, n, (P != 0) if compact else None)
+                keep = _keep(P, p_drop, seed, n, t.support() if compact else None)
                 t.add_rows(out[rs], t.read(P if keep is None else P * keep))
         lse = None
         if flat:
@@ -260,7 +260,7 @@ class _StreamedWordAttention(torch.autograd.Function):
                     dw[rs + (slice(j0, j1),)] = ds.sum(-2)
             else:
                 P, p = t.hier_weights(word_attn)
-                keep = _keep(gv, p_drop, seed, n, (P != 0) if compact else None)
+                keep = _keep(gv, p_drop, seed, n, t.support() if compact else None)
                 dP = gv if keep is None else gv * keep
                 da = (p * dP).sum(-2)  # d loss / d a
                 if dw is not None:
@@ -298,8 +298,9 @@ def _keep(x: Tensor, p: float, seed: int, tile: int,
     """Tile ``tile``'s dropout mask scaled by ``1 / (1 - p)`` (``x``'s shape and
     dtype), drawn from a generator seeded by ``(seed, tile)``: the same in the
     forward and the backward; None when ``p`` is 0. With ``support`` (bool,
-    ``x``'s shape: the tile's nonzero weights, the same in both passes) only
-    those entries are drawn and the others are 0: a weight of 0 stays 0
+    broadcast to ``x``'s shape: the words of the tile's sentences with weight,
+    :meth:`_Tile.support`, from the inputs only, so the same in both passes)
+    only those entries are drawn and the others are 0: a weight of 0 stays 0
     whatever its mask, and most of a compacted tile's weights are 0 (drawing
     the numbers is then most of the cost of dropout)."""
     if p <= 0:
@@ -309,7 +310,7 @@ def _keep(x: Tensor, p: float, seed: int, tile: int,
     if support is None:
         keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype) >= p
         return keep.to(x.dtype).div_(1 - p)
-    where = support.reshape(-1).nonzero().squeeze(1)
+    where = support.expand(x.shape).reshape(-1).nonzero().squeeze(1)
     drawn = torch.rand(where.numel(), generator=gen, device=x.device, dtype=x.dtype) >= p
     keep = torch.zeros(x.numel(), dtype=x.dtype, device=x.device)
     keep[where] = drawn.to(x.dtype).div_(1 - p)
@@ -394,6 +395,12 @@ class _Tile:
             self._weight = self.pick(w)
         return True
 
+    def support(self) -> Tensor:
+        """Bool, broadcastable to the tile's ``gq x H x mq x L x n``: the real
+        words of the sentences with nonzero weight (where ``a p`` can be
+        nonzero), from the inputs alone."""
+        return (self.weight() != 0).unsqueeze(-2) & (self.word_bias == 0)
+
     def pick(self, x: Tensor) -> Tensor:
         """``x`` (``gq x H x mq x ...``) at the tile's selected rows."""
         if self.sel is None:
@@ -467,7 +474,7 @@ def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, ind
                             word_mask: Tensor, flat: bool, word_attn: str = "softmax",
                             block: Optional[int] = None, tile_elems: Optional[int] = None,
                             dropout: float = 0.0, want_nnz: bool = False, spans=None,
-                            group_rows=None, compact: Optional[bool] = None
+                            group_rows=None, compact: bool = False
                             ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """The word level over groups (see the module docstring).
 
@@ -489,7 +496,7 @@ def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, ind
     ``group_rows`` (numpy ``G``) only each group's first ``group_rows[g]``
     query rows are computed (the others are padding: output 0).
 
-    ``compact`` (hierarchical; None: on the CPU only): each tile computes
+    ``compact`` (hierarchical; the model turns it on on the CPU): each tile computes
     only the query rows that give one of its sentences a nonzero weight
     (:meth:`_Tile.compact`; one host read per tile, which an accelerator
     would wait for) and a tile without weight is skipped. The output and the
@@ -505,7 +512,7 @@ def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, ind
         q, k, v, weight.to(torch.promote_types(q.dtype, torch.float32)), index, word_mask,
         bool(flat), word_attn, word_block_for(q.device, block),
         tile_elems_for(q.device, tile_elems), float(dropout), seed, bool(want_nnz), spans,
-        group_rows, (q.device.type == "cpu") if compact is None else bool(compact))
+        group_rows, bool(compact))
     if not want_nnz:
         return out, None, None
     return out, nnz, (mass if flat else None)
