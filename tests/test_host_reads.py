@@ -64,7 +64,7 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks import FairseqTask
-from fairseq_cli_utils import TINY_MODEL_ARGS, USER_DIR
+from fairseq_cli_utils import TINY_MODEL_ARGS, USER_DIR, accelerator_path
 
 from ctx_fairseq._registry import plugin_architectures
 from ctx_fairseq.host_reads import HostReadCounter, describe
@@ -212,7 +212,8 @@ class Setup:
         self.task = tasks.setup_task(self.cfg.task)
         torch.manual_seed(1)
         # from_checkpoint: no stage-1 checkpoint (frozen copies of the initial weights)
-        self.model = self.task.build_model(self.cfg.model, from_checkpoint=True)
+        self.model = accelerator_path(  # what a GPU runs (the CPU's shortcuts read back)
+            self.task.build_model(self.cfg.model, from_checkpoint=True))
         self.criterion = self.task.build_criterion(self.cfg.criterion)
         targs = options.parse_args_and_arch(options.get_training_parser(), [
             data, "--arch", "transformer", *TINY_MODEL_ARGS])

@@ -1241,18 +1241,6 @@ def _reads(fn):
     return reads.by_op
 
 
-def _accelerator_path(model):
-    """The model as an accelerator runs it: the word level in whole tiles
-    and the FFN over the padded batch (on the CPU a tile computes only its
-    rows with weight and the FFN only the real tokens, which reads each
-    tile's row count and the real positions: ``compact``, ``pack_on_cpu``)."""
-    for mod in model.modules():
-        if hasattr(mod, "compact"):
-            mod.compact = False
-        if hasattr(mod, "pack_on_cpu"):
-            mod.pack_on_cpu = False
-
-
 @pytest.mark.parametrize("mode", ["online", "offline"])
 @pytest.mark.parametrize("name", list(HOST_READ_CONFIGS))
 def test_training_step_host_reads_are_the_transformers(name, mode):
@@ -1260,7 +1248,7 @@ def test_training_step_host_reads_are_the_transformers(name, mode):
     warm) reads back no more than fairseq's transformer of the same shape on
     the same batch, plus what HOST_READ_CONFIGS allows per batch: the context
     layer itself reads nothing (static shapes, the collater's index tensors)."""
-    from fairseq_cli_utils import build_tiny_model
+    from fairseq_cli_utils import accelerator_path, build_tiny_model
 
     integration, extra, allowed = HOST_READ_CONFIGS[name]
     model, d = build(extra, integration=integration, mode=mode, double=False)
@@ -1274,7 +1262,7 @@ def test_training_step_host_reads_are_the_transformers(name, mode):
         m.zero_grad()
         m(**inputs)[0].float().sin().sum().backward()
 
-    _accelerator_path(model)
+    accelerator_path(model)
     step(model, ni)  # warm: a frozen memory's cache misses
     got = _reads(lambda: step(model, ni))
     ref = _reads(lambda: step(plain, plain_in))
@@ -1290,10 +1278,10 @@ def test_incremental_step_host_reads_are_the_transformers(extra):
     """Decoder integration, incremental decoding: after the first step (which
     computes the memory), a step reads back exactly what the transformer's
     step reads; a beam reorder adds nothing."""
-    from fairseq_cli_utils import build_tiny_model
+    from fairseq_cli_utils import accelerator_path, build_tiny_model
 
     model, d = build(extra, integration="decoder", mode="online", double=False)
-    _accelerator_path(model)
+    accelerator_path(model)
     plain, _ = build_tiny_model("transformer", vocab=VOCAB, double=False)
     data = corpus(d, [4, 3])
     ni = collate(d, data, [1, 2, 3, 5, 6], "online", "decoder")["net_input"]
