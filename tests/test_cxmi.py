@@ -137,6 +137,61 @@ def test_outputs(measured, tmp_path):
     assert paths["cxmi.json"] == str(tmp_path / "cxmi.json")
 
 
+def test_class_breakdown_per_word_and_by_repetition(loaded, measured, tmp_path):
+    """Each listed class's mean P-CXMI per member word and split by whether the
+    word is repeated from the previous reference sentence of its document, both
+    recomputed here from the reference text and the per-word records."""
+    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.word_classes import classes_for, normalise
+
+    model, task, cfg = loaded
+    result, words = measured
+    ds = cxmi.condition_dataset(task, "test", "true")
+    d = task.target_dictionary
+    table = classes_for("de")
+    # the previous reference sentence's words, from the raw reference text
+    sentence_words = [[w.lower() for w in d.string(ds.base.tgt[i]).replace("@@ ", "").split()]
+                      for i in range(len(ds))]
+    repeated = 0
+    for r in words:
+        i = r["sentence"]
+        prev = set(sentence_words[i - 1]) if r["sent_pos"] > 0 else set()
+        want = r["word"] != "</s>" and normalise(r["word"]) in prev
+        assert r["in_previous_reference"] == want, r
+        repeated += want
+    assert repeated > 0  # the toy corpus repeats words: the split is not empty
+    for c in CONDS:
+        classes = result["word_classes"][c]
+        for name, g in classes.items():
+            sel = [r for r in words if name == "all words"
+                   or table.get(normalise(r["word"]), "other") == name]
+            for key, flag in (("in_previous_reference", True),
+                              ("not_in_previous_reference", False)):
+                vals = [r["p_cxmi"][c] for r in sel if r["in_previous_reference"] == flag]
+                assert g[key]["count"] == len(vals)
+                if vals:
+                    assert g[key]["mean_p_cxmi"] == pytest.approx(np.mean(vals), abs=1e-9)
+            if name in ("all words", "other"):
+                assert "by_word" not in g
+                continue
+            assert sum(b["count"] for b in g["by_word"]) == g["count"]
+            assert [b["count"] for b in g["by_word"]] == \
+                sorted((b["count"] for b in g["by_word"]), reverse=True)
+            for b in g["by_word"]:
+                vals = [r["p_cxmi"][c] for r in sel if normalise(r["word"]) == b["word"]]
+                assert b["count"] == len(vals)
+                assert b["mean_p_cxmi"] == pytest.approx(np.mean(vals), abs=1e-9)
+    pron = result["word_classes"]["none"]["pronouns"]
+    assert pron["count"] > 0
+    md = cxmi.format_result(result)
+    assert "pronouns: mean P-CXMI per word" in md
+    assert f"| (pronouns: in the previous reference sentence) | " \
+        f"{pron['in_previous_reference']['count']} |" in md
+    top = pron["by_word"][0]
+    if top["count"] >= result["top_words_min_count"]:
+        assert f"| {top['word']} | {top['count']} | {top['mean_p_cxmi']:.4f} |" in md
+
+
 def test_none_is_the_headline_and_conditions_checked(loaded):
     from ctx_fairseq.eval import cxmi
 

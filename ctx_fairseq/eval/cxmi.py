@@ -104,6 +104,8 @@ from ctx_fairseq.eval.word_classes import (LANGUAGES, classes_for, load_word_cla
 logger = logging.getLogger(__name__)
 
 CONDITIONS = ("none", "shuffled", "random")
+#: the word ``merge_words`` gives the end of a sentence
+EOS_WORD = "</s>"
 
 __all__ = ["CONDITIONS", "CXMIError", "batch_logprobs", "token_logprobs", "condition_dataset",
            "merge_words", "compute_cxmi", "write_outputs", "cli_main"]
@@ -521,10 +523,18 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
     ds = true_ds
     doc_names = np.asarray(ds.doc_names)
     words = []
+    prev_words: set = set()
     for i in range(n):
         ref = ds.base.tgt[i].tolist()
         symbols = [d[t] for t in ref]
-        for w, (word, a, b) in enumerate(merge_words(symbols, bpe)):
+        merged = merge_words(symbols, bpe)
+        # the words of the previous reference sentence of the same document (a word
+        # repeated from it: lexical cohesion, Fernandes et al. 2023)
+        same_doc = i > 0 and ds.doc_index[i - 1] == ds.doc_index[i] and \
+            int(ds.sent_pos[i]) == int(ds.sent_pos[i - 1]) + 1
+        if not same_doc:
+            prev_words = set()
+        for w, (word, a, b) in enumerate(merged):
             rec = collections.OrderedDict()
             rec["doc"] = str(doc_names[ds.doc_index[i]])
             rec["sentence"] = i
@@ -535,7 +545,9 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
             rec["logprob"] = float(lp["true"][i][a:b].sum())
             rec["p_cxmi"] = {c: float(lp["true"][i][a:b].sum() - lp[c][i][a:b].sum())
                              for c in conditions}
+            rec["in_previous_reference"] = word != EOS_WORD and normalise(word) in prev_words
             words.append(rec)
+        prev_words = {normalise(word) for word, _, _ in merged if word != EOS_WORD}
 
     # top words by mean P-CXMI
     by_word = collections.defaultdict(list)
@@ -572,6 +584,8 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
             groups["all words"] = {"count": len(words), "mean_p_cxmi": float(pc.mean()),
                                    "interval": doc_bootstrap(all_num, all_den, seed=seed),
                                    "words": None}
+            groups["all words"].update(_class_breakdown(
+                words, np.ones(len(words), dtype=bool), pc, "all words"))
             for name in list(dict.fromkeys(table.values())) + ["other"]:
                 m = cls_of == name
                 num, den = _per_doc(np.where(m, pc, 0.0), word_doc, n_docs), \
@@ -585,6 +599,7 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
                                                   if m.any() else None),
                      "words": sorted({r["word"] for r, k in zip(words, m) if k})
                      if name != "other" else None}
+                g.update(_class_breakdown(words, m, pc, name))
                 groups[name] = g
             result["word_classes"][c] = groups
 
@@ -601,6 +616,28 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
         result["by_position"][c] = rows
     result["notes"] = notes
     return result, words
+
+
+def _class_breakdown(words: List[Dict], m: np.ndarray, pc: np.ndarray,
+                     name: str) -> Dict:
+    """A class's mean P-CXMI split two ways: per member word (``by_word``, the
+    listed classes only: which pronouns gain or lose) and by whether the word
+    is repeated from the previous reference sentence of its document
+    (``in_previous_reference`` / ``not_in_previous_reference``): a model that
+    copies from its context gains on the repeated words and loses on the rest."""
+    out = {}
+    if name not in ("other", "all words"):
+        by = collections.defaultdict(list)
+        for r, v, k in zip(words, pc, m):
+            if k:
+                by[normalise(r["word"])].append(v)
+        out["by_word"] = [{"word": w, "count": len(v), "mean_p_cxmi": float(np.mean(v))}
+                          for w, v in sorted(by.items(), key=lambda x: (-len(x[1]), x[0]))]
+    rep = np.array([bool(r.get("in_previous_reference")) for r in words])
+    for key, sel in (("in_previous_reference", m & rep), ("not_in_previous_reference", m & ~rep)):
+        out[key] = {"count": int(sel.sum()),
+                    "mean_p_cxmi": float(pc[sel].mean()) if sel.any() else None}
+    return out
 
 
 # -------------------------------------------------------------------- outputs
@@ -664,6 +701,7 @@ def format_result(result: Dict) -> str:
                 f"{g['minus_all_words']:.4f} {_interval_text(g['minus_all_words_interval'])}"
             lines.append(f"| {name} | {g['count']} | {head} | {diff} | " + " | ".join(vals)
                          + " |")
+        lines += _breakdown_lines(result, conds)
     for c in conds:
         tw = result["top_words"][c]
         if not tw:
@@ -673,6 +711,40 @@ def format_result(result: Dict) -> str:
                   "|---|---:|---:|"]
         lines += [f"| {r['word']} | {r['count']} | {r['mean_p_cxmi']:.4f} |" for r in tw]
     return "\n".join(lines)
+
+
+def _breakdown_lines(result: Dict, conds: List[str]) -> List[str]:
+    """Each listed class per member word (count >= the top words' minimum) and
+    split by repetition from the previous reference sentence, per condition."""
+    first = result["word_classes"][conds[0]]
+    min_count = result["top_words_min_count"]
+
+    def val(c, name, key, word=None):
+        g = result["word_classes"][c][name]
+        if word is None:
+            m = g[key]["mean_p_cxmi"]
+        else:
+            m = next(r["mean_p_cxmi"] for r in g["by_word"] if r["word"] == word)
+        return "-" if m is None else f"{m:.4f}"
+
+    lines = []
+    for name, g in first.items():
+        if "by_word" not in g:
+            continue
+        lines += ["", f"{name}: mean P-CXMI per word (count >= {min_count}) and by "
+                      "repetition from the previous reference sentence of the document:", "",
+                  "| word | count | " + " | ".join(conds) + " |",
+                  "|---|---:|" + "---:|" * len(conds)]
+        for cls in (name, "all words"):
+            for key, label in (("in_previous_reference", "in the previous reference sentence"),
+                               ("not_in_previous_reference", "not in it")):
+                lines.append(f"| ({cls}: {label}) | {first[cls][key]['count']} | "
+                             + " | ".join(val(c, cls, key) for c in conds) + " |")
+        for r in g["by_word"]:
+            if r["count"] >= min_count:
+                lines.append(f"| {r['word']} | {r['count']} | "
+                             + " | ".join(val(c, name, None, r["word"]) for c in conds) + " |")
+    return lines
 
 
 def _plots(result: Dict, words: List[Dict], hist_png: str, pos_png: str) -> None:

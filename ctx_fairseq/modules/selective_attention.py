@@ -167,7 +167,6 @@ from ctx_fairseq.modules.sparsemax import (  # noqa: F401  (re-exported)
     NORMALIZERS, masked_normalize, sparsemax)
 from ctx_fairseq.modules.word_attention import (
     streamed_word_attention,
-    tile_elems_for,
     word_block_for,
 )
 
