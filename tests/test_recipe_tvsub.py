@@ -444,6 +444,10 @@ def test_smoke_end_to_end(tmp_path):
     md = (work / "smoke" / "results" / "results.md").read_text()
     assert "exceeded --doc-word-capacity" not in md
     assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
+    detail = md.split("## The English pronouns in detail", 1)[1].split("## Commands")[0]
+    for m in ("concat", "context_aware", "zhang2018", "han", "selective"):
+        assert f"\n| {m} | " in detail, m
+    assert "\n| transformer | " not in detail  # no context: nothing to measure
     # the exact commands: the run's, and each model's training, translation and CXMI
     assert res["command"].endswith(f"recipes/tvsub_zh_en/run.sh --smoke --raw {root} "
                                    f"--workdir {work}")
@@ -559,6 +563,49 @@ def _report_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def test_report_pronoun_table():
+    """The pronoun table: the class against the empty and the shuffled context
+    beside all words, the repetition split and the per-person means weighted by
+    each form's count, from ctx-cxmi's word classes as they are stored."""
+    report = _report_module()
+
+    def cls(mean, rep, nrep, by_word=None, minus=None):
+        g = {"count": rep[0] + nrep[0], "mean_p_cxmi": mean,
+             "in_previous_reference": {"count": rep[0], "mean_p_cxmi": rep[1]},
+             "not_in_previous_reference": {"count": nrep[0], "mean_p_cxmi": nrep[1]},
+             "minus_all_words": minus,
+             "minus_all_words_interval": {"low": -0.5, "high": 0.25}}
+        if by_word is not None:
+            g["by_word"] = [{"word": w, "count": n, "mean_p_cxmi": v} for w, n, v in by_word]
+        return g
+
+    pron = cls(0.1, (2, 0.3), (4, 0.0), [("i", 3, 0.2), ("me", 1, -0.2), ("it", 2, 0.0)],
+               minus=0.05)
+    cx = {"sentences": 6, "split": "test", "documents": 2, "logprob_true_per_token": -1.0,
+          "none": {"cxmi": 0.01, "interval": {"low": None, "note": "too few: 2"},
+                   "cxmi_per_token": 0.01},
+          "shuffled": {"cxmi": 0.0, "interval": {"low": None, "note": "too few: 2"}},
+          "word_classes": {
+              "none": {"all words": cls(0.05, (5, 0.2), (20, 0.0125)), "pronouns": pron},
+              "shuffled": {"all words": cls(0.0, (5, 0.0), (20, 0.0)),
+                           "pronouns": cls(0.02, (2, 0.0), (4, 0.03), [], minus=0.02)}}}
+    row = report._cxmi_fields(cx, 6)
+    assert row["p_cxmi_pronouns"] is pron and row["p_cxmi_shuffled_pronouns"]["mean_p_cxmi"] == 0.02
+    means = report._person_means(pron)
+    assert means[0] == (pytest.approx((3 * 0.2 - 0.2) / 4), 4)  # I: i and me, by count
+    assert means[1] == (None, 0) and means[3] == (0.0, 2)
+    res = {"models": {"transformer": {"cxmi": "no context"}, "ca": row}}
+    lines = report._pronoun_lines(res)
+    body = [x for x in lines if x.startswith("| ca |")]
+    assert len(body) == 1 and not any(x.startswith("| transformer |") for x in lines)
+    cells = [c.strip() for c in body[0].strip("|").split("|")]
+    assert cells[1:6] == ["0.1000 / 0.0500", "0.0500 [-0.5000, 0.2500]", "0.0200 / 0.0000",
+                          "0.0200 [-0.5000, 0.2500]", "0.3000 / 0.2000 (2)"]
+    assert cells[6] == "0.0000 / 0.0125 (4)"
+    assert cells[7:] == ["0.1000 (4)", "-", "-", "0.0000 (2)", "-", "-"]
+    assert report._pronoun_lines({"models": {"transformer": {"cxmi": "no context"}}}) == []
 
 
 def test_report_reads_the_gate_of_fairseq_validate(tmp_path):

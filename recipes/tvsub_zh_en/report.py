@@ -177,7 +177,75 @@ def _cxmi_fields(cx, heldout_n):
     if wc:
         row["p_cxmi_all_words"] = wc["all words"]
         row["p_cxmi_pronouns"] = wc.get("pronouns")
+    ws = (cx.get("word_classes") or {}).get("shuffled")
+    if ws:  # the sensitivity check per class (true against another position's context)
+        row["p_cxmi_shuffled_all_words"] = ws["all words"]
+        row["p_cxmi_shuffled_pronouns"] = ws.get("pronouns")
     return row
+
+
+#: the English personal pronouns by person and number (the pronoun table's columns)
+PERSONS = (("I", "i me my mine myself"), ("you", "you your yours yourself yourselves"),
+           ("he/she", "he him his himself she her hers herself"), ("it", "it its itself"),
+           ("we", "we us our ours ourselves"), ("they", "they them their theirs themselves"))
+
+
+def _person_means(pr):
+    """The pronoun class's mean P-CXMI per person (count-weighted over its
+    words' means in ``by_word``) as ``[(mean or None, count)]`` in PERSONS' order."""
+    by = {b["word"]: b for b in pr.get("by_word") or []}
+    out = []
+    for _, words in PERSONS:
+        rows = [by[w] for w in words.split() if w in by]
+        n = sum(b["count"] for b in rows)
+        out.append((sum(b["mean_p_cxmi"] * b["count"] for b in rows) / n if n else None, n))
+    return out
+
+
+def _pronoun_lines(res):
+    """The pronoun class in detail, one row per context model: against the
+    empty context and against shuffled context, each beside the mean over all
+    words; split by repetition from the previous reference sentence; per person."""
+    rows = [(m, r) for m, r in res["models"].items()
+            if (r.get("p_cxmi_pronouns") or {}).get("by_word") is not None]
+    if not rows:
+        return []
+
+    def mean(g, key=None):
+        g = g if key is None else (g or {}).get(key)
+        return "-" if not g or g.get("mean_p_cxmi") is None else f"{g['mean_p_cxmi']:.4f}"
+
+    def minus(g):
+        return "-" if not g or g.get("minus_all_words") is None else \
+            f"{g['minus_all_words']:.4f}{_iv(g.get('minus_all_words_interval'))}"
+
+    lines = ["", "## The English pronouns in detail", "",
+             "| model | vs empty: pronouns / all words | minus all words [interval] "
+             "| vs shuffled: pronouns / all words | minus all words [interval] "
+             "| repeated from the previous sentence: pronouns / all words (count) "
+             "| not repeated: pronouns / all words (count) | "
+             + " | ".join(f"{name} (count)" for name, _ in PERSONS) + " |",
+             "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(PERSONS)]
+    for m, r in rows:
+        pr, al = r["p_cxmi_pronouns"], r["p_cxmi_all_words"]
+        ps, als = r.get("p_cxmi_shuffled_pronouns"), r.get("p_cxmi_shuffled_all_words")
+        rep = f"{mean(pr, 'in_previous_reference')} / {mean(al, 'in_previous_reference')} " \
+            f"({pr['in_previous_reference']['count']})"
+        nrep = f"{mean(pr, 'not_in_previous_reference')} / " \
+            f"{mean(al, 'not_in_previous_reference')} " \
+            f"({pr['not_in_previous_reference']['count']})"
+        persons = " | ".join("-" if v is None else f"{v:.4f} ({n})"
+                             for v, n in _person_means(pr))
+        lines.append(f"| {m} | {mean(pr)} / {mean(al)} | {minus(pr)} "
+                     f"| {mean(ps)} / {mean(als)} | {minus(ps)} | {rep} | {nrep} | {persons} |")
+    lines += ["", "Mean P-CXMI per word (nats) of the English personal pronouns on the CXMI "
+              "split, against the empty context (the paper's) and against shuffled context (a "
+              "sensitivity check), each beside the mean over all words; the difference with its "
+              "95% document interval (the same draws). Repeated: the word is a word of the "
+              "previous reference sentence of the same document (a model that copies from its "
+              "context gains there and loses on the others). Per person: the pronoun's forms "
+              "(I: i, me, my, mine, myself; and so on), against the empty context."]
+    return lines
 
 
 #: a number as fairseq prints it in its validation line
@@ -292,6 +360,7 @@ def markdown(res):
         lines.append(f"Word level of `{m}`: the largest logged share of query token-heads whose "
                      f"Eq. 3 support exceeded --doc-word-capacity: {v:g} (0: the word level "
                      "was exact throughout training).")
+    lines += _pronoun_lines(res)
     lines += ["", "## Commands", "",
               "The recipe (from the repository's root):", "",
               "```", res.get("command") or "(not recorded)", "```", "",
