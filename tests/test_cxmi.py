@@ -156,9 +156,9 @@ def test_class_breakdown_per_word_and_by_repetition(loaded, measured, tmp_path):
     for r in words:
         i = r["sentence"]
         prev = set(sentence_words[i - 1]) if r["sent_pos"] > 0 else set()
-        want = r["word"] != "</s>" and normalise(r["word"]) in prev
-        assert r["in_previous_reference"] == want, r
-        repeated += want
+        want = None if r["word"] == "</s>" else normalise(r["word"]) in prev
+        assert r["in_previous_reference"] is want, r  # </s>: in neither half
+        repeated += bool(want)
     assert repeated > 0  # the toy corpus repeats words: the split is not empty
     for c in CONDS:
         classes = result["word_classes"][c]
@@ -181,6 +181,9 @@ def test_class_breakdown_per_word_and_by_repetition(loaded, measured, tmp_path):
                 vals = [r["p_cxmi"][c] for r in sel if normalise(r["word"]) == b["word"]]
                 assert b["count"] == len(vals)
                 assert b["mean_p_cxmi"] == pytest.approx(np.mean(vals), abs=1e-9)
+    every = result["word_classes"]["none"]["all words"]
+    assert every["in_previous_reference"]["count"] + every["not_in_previous_reference"][
+        "count"] == len(words) - len(ds)  # every word but the </s> of each sentence
     pron = result["word_classes"]["none"]["pronouns"]
     assert pron["count"] > 0
     md = cxmi.format_result(result)

@@ -606,6 +606,11 @@ def test_report_pronoun_table():
     assert cells[6] == "0.0000 / 0.0125 (4)"
     assert cells[7:] == ["0.1000 (4)", "-", "-", "0.0000 (2)", "-", "-"]
     assert report._pronoun_lines({"models": {"transformer": {"cxmi": "no context"}}}) == []
+    # the persons' forms are exactly ctx-cxmi's English pronouns, each once
+    from ctx_fairseq.eval.word_classes import WORD_CLASSES
+
+    forms = [w for _, words in report.PERSONS for w in words.split()]
+    assert sorted(forms) == sorted(WORD_CLASSES["en"]["pronouns"])
 
 
 def test_report_reads_the_gate_of_fairseq_validate(tmp_path):

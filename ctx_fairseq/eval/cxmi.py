@@ -79,7 +79,8 @@ here (only fairseq-train's training load gets it).
 Outputs (written whole or not at all) in ``--out DIR``: ``cxmi.json`` (per
 condition ``cxmi``, ``tokens`` and the rest), ``cxmi.md``, ``tokens.jsonl``
 (one line per reference word: document, sentence, position, the BPE-merged
-word, P-CXMI per condition), ``cxmi_hist.png`` (per-word P-CXMI) and
+word, P-CXMI per condition, whether the word repeats a word of the previous
+reference sentence), ``cxmi_hist.png`` (per-word P-CXMI) and
 ``cxmi_by_position.png`` (P-CXMI per token by sentence position in the
 document). Word classes: :mod:`ctx_fairseq.eval.word_classes`.
 """
@@ -261,11 +262,11 @@ def merge_words(symbols: Sequence[str], bpe: Optional[str] = None) -> List[tuple
     words, cur, start = [], "", 0
     if bpe == "sentencepiece":
         for t, s in enumerate(symbols):
-            if s == "</s>" or s.startswith("\u2581") or t == 0:
+            if s == EOS_WORD or s.startswith("\u2581") or t == 0:
                 if t > start:
                     words.append((cur, start, t))
-                cur, start = ("</s>" if s == "</s>" else s.lstrip("\u2581")), t
-                if s == "</s>":
+                cur, start = (EOS_WORD if s == EOS_WORD else s.lstrip("\u2581")), t
+                if s == EOS_WORD:
                     words.append((cur, t, t + 1))
                     cur, start = "", t + 1
             else:
@@ -528,10 +529,10 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
         ref = ds.base.tgt[i].tolist()
         symbols = [d[t] for t in ref]
         merged = merge_words(symbols, bpe)
-        # the words of the previous reference sentence of the same document (a word
-        # repeated from it: lexical cohesion, Fernandes et al. 2023)
-        same_doc = i > 0 and ds.doc_index[i - 1] == ds.doc_index[i] and \
-            int(ds.sent_pos[i]) == int(ds.sent_pos[i - 1]) + 1
+        # the words of the previous reference sentence of the same document: a word
+        # repeated from it (a surface repetition, punctuation included; a simple proxy,
+        # not MuDA's aligned lexical-cohesion tag of Fernandes et al. 2023)
+        same_doc = i > 0 and ds.doc_index[i - 1] == ds.doc_index[i]
         if not same_doc:
             prev_words = set()
         for w, (word, a, b) in enumerate(merged):
@@ -545,7 +546,9 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
             rec["logprob"] = float(lp["true"][i][a:b].sum())
             rec["p_cxmi"] = {c: float(lp["true"][i][a:b].sum() - lp[c][i][a:b].sum())
                              for c in conditions}
-            rec["in_previous_reference"] = word != EOS_WORD and normalise(word) in prev_words
+            # (</s> is in neither half: None)
+            rec["in_previous_reference"] = None if word == EOS_WORD else \
+                normalise(word) in prev_words
             words.append(rec)
         prev_words = {normalise(word) for word, _, _ in merged if word != EOS_WORD}
 
@@ -576,6 +579,8 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
         cls_of = np.array([table.get(normalise(r["word"]), "other") for r in words],
                           dtype=object)
         result["word_classes"] = {}
+        flag = [r["in_previous_reference"] for r in words]
+        halves = (np.array([f is True for f in flag]), np.array([f is False for f in flag]))
         for c in conditions:
             pc = np.array([r["p_cxmi"][c] for r in words])
             all_num, all_den = _per_doc(pc, word_doc, n_docs), \
@@ -585,7 +590,7 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
                                    "interval": doc_bootstrap(all_num, all_den, seed=seed),
                                    "words": None}
             groups["all words"].update(_class_breakdown(
-                words, np.ones(len(words), dtype=bool), pc, "all words"))
+                words, np.ones(len(words), dtype=bool), pc, "all words", halves))
             for name in list(dict.fromkeys(table.values())) + ["other"]:
                 m = cls_of == name
                 num, den = _per_doc(np.where(m, pc, 0.0), word_doc, n_docs), \
@@ -599,7 +604,7 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
                                                   if m.any() else None),
                      "words": sorted({r["word"] for r, k in zip(words, m) if k})
                      if name != "other" else None}
-                g.update(_class_breakdown(words, m, pc, name))
+                g.update(_class_breakdown(words, m, pc, name, halves))
                 groups[name] = g
             result["word_classes"][c] = groups
 
@@ -618,13 +623,16 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
     return result, words
 
 
-def _class_breakdown(words: List[Dict], m: np.ndarray, pc: np.ndarray,
-                     name: str) -> Dict:
+def _class_breakdown(words: List[Dict], m: np.ndarray, pc: np.ndarray, name: str,
+                     halves: tuple) -> Dict:
     """A class's mean P-CXMI split two ways: per member word (``by_word``, the
     listed classes only: which pronouns gain or lose) and by whether the word
     is repeated from the previous reference sentence of its document
-    (``in_previous_reference`` / ``not_in_previous_reference``): a model that
-    copies from its context gains on the repeated words and loses on the rest."""
+    (``in_previous_reference`` / ``not_in_previous_reference``, ``halves``: the
+    two masks over ``words``; ``</s>`` in neither). A hypothesis this split
+    tests: a model that copies words (or, with a source context, their
+    translations) from its context gains on the repeated words and loses on
+    the others."""
     out = {}
     if name not in ("other", "all words"):
         by = collections.defaultdict(list)
@@ -633,8 +641,8 @@ def _class_breakdown(words: List[Dict], m: np.ndarray, pc: np.ndarray,
                 by[normalise(r["word"])].append(v)
         out["by_word"] = [{"word": w, "count": len(v), "mean_p_cxmi": float(np.mean(v))}
                           for w, v in sorted(by.items(), key=lambda x: (-len(x[1]), x[0]))]
-    rep = np.array([bool(r.get("in_previous_reference")) for r in words])
-    for key, sel in (("in_previous_reference", m & rep), ("not_in_previous_reference", m & ~rep)):
+    for key, sel in (("in_previous_reference", m & halves[0]),
+                     ("not_in_previous_reference", m & halves[1])):
         out[key] = {"count": int(sel.sum()),
                     "mean_p_cxmi": float(pc[sel].mean()) if sel.any() else None}
     return out
@@ -862,7 +870,8 @@ def get_parser() -> argparse.ArgumentParser:
                    help='JSON {"class": ["word", ...]} replacing the built-in lists')
     p.add_argument("--top", type=int, default=20, help="top words listed per condition")
     p.add_argument("--min-count", type=int, default=3,
-                   help="words seen fewer times are left out of the top list (default: 3)")
+                   help="words seen fewer times are left out of the top list and of "
+                        "cxmi.md's per-word rows of each class (default: 3)")
     return p
 
 

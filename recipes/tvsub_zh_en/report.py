@@ -222,8 +222,8 @@ def _pronoun_lines(res):
     lines = ["", "## The English pronouns in detail", "",
              "| model | vs empty: pronouns / all words | minus all words [interval] "
              "| vs shuffled: pronouns / all words | minus all words [interval] "
-             "| repeated from the previous sentence: pronouns / all words (count) "
-             "| not repeated: pronouns / all words (count) | "
+             "| repeated from the previous sentence: pronouns / all words (pronoun count) "
+             "| not repeated: pronouns / all words (pronoun count) | "
              + " | ".join(f"{name} (count)" for name, _ in PERSONS) + " |",
              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(PERSONS)]
     for m, r in rows:
@@ -242,8 +242,10 @@ def _pronoun_lines(res):
               "split, against the empty context (the paper's) and against shuffled context (a "
               "sensitivity check), each beside the mean over all words; the difference with its "
               "95% document interval (the same draws). Repeated: the word is a word of the "
-              "previous reference sentence of the same document (a model that copies from its "
-              "context gains there and loses on the others). Per person: the pronoun's forms "
+              "previous reference sentence of the same document (a surface repetition; all "
+              "words: punctuation included, </s> in neither half); a model that copies from "
+              "its context (with a source context: the translations of its words) would gain "
+              "there and lose on the others. Per person: the pronoun's forms "
               "(I: i, me, my, mine, myself; and so on), against the empty context."]
     return lines
 
