@@ -5,7 +5,8 @@
 #   scripts/bench_selective_tvsub.sh DATA_BIN OUT_DIR
 #
 # DATA_BIN: a TVsub data-bin made by the recipe (UNTIL=data recipes/tvsub_zh_en/run.sh
-# --study ...: binarized episodes with train.docids). Writes under OUT_DIR:
+# --study ...: binarized episodes with train.docids; BENCHMARKS.md's figures were
+# measured on EPISODES=0:60, the study's default until 2026-11-27). Writes under OUT_DIR:
 #   stage1/            a transformer of the study's shape after 2 updates (the
 #                      frozen memory's stage-1 model: speed only, not quality)
 #   selective.log, transformer.log

@@ -28,7 +28,7 @@ document-bootstrap interval, results.md/results.json.
   --study        the CPU study (in DIR/study): a slice of episodes, a small shape,
                  stage-2 models at an equal target-token budget with a sampled
                  context size, held-out episodes as a context-evaluation split;
-                 about an hour on one core (README.md, 'CPU study'); resumable
+                 under two hours on one core (README.md, 'CPU study'); resumable
   (neither)      the GPU mode: the full corpus, Transformer base, --fp16 on CUDA
   --raw DIR      a clone of github.com/longyuewangdcu/tvsub or the extracted
                  archive (same layout) instead of cloning
@@ -135,7 +135,7 @@ case $MODE in
         FP16=()
         MODELS=${MODELS-transformer concat context_aware zhang2018 han selective dc hybrid} ;;
     study)
-        # README.md, 'CPU study': sized by measurement to about an hour on one core
+        # README.md, 'CPU study': sized by measurement to under two hours on one core
         # every episode of the 300 but the held-out ones: at this budget no sentence
         # is seen twice (README, 'Why the pronouns lose against the empty context')
         EPISODES=${EPISODES:-0:276}
@@ -162,7 +162,7 @@ case $MODE in
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
-        MODELS=${MODELS-transformer context_aware concat} ;;
+        MODELS=${MODELS-transformer context_aware zhang2018 han} ;;
     gpu)
         EPISODES=${EPISODES:-0:}
         BPE_MERGES=${BPE_MERGES:-30000}
