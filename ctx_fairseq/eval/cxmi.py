@@ -98,6 +98,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ctx_fairseq.eval.cxmi_classes import breakdown_lines, class_breakdown
 from ctx_fairseq.eval.report_files import pyplot, save_figure
 from ctx_fairseq.eval.word_classes import (LANGUAGES, classes_for, load_word_classes,
                                            normalise)
@@ -589,7 +590,7 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
             groups["all words"] = {"count": len(words), "mean_p_cxmi": float(pc.mean()),
                                    "interval": doc_bootstrap(all_num, all_den, seed=seed),
                                    "words": None}
-            groups["all words"].update(_class_breakdown(
+            groups["all words"].update(class_breakdown(
                 words, np.ones(len(words), dtype=bool), pc, "all words", halves))
             for name in list(dict.fromkeys(table.values())) + ["other"]:
                 m = cls_of == name
@@ -604,7 +605,7 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
                                                   if m.any() else None),
                      "words": sorted({r["word"] for r, k in zip(words, m) if k})
                      if name != "other" else None}
-                g.update(_class_breakdown(words, m, pc, name, halves))
+                g.update(class_breakdown(words, m, pc, name, halves))
                 groups[name] = g
             result["word_classes"][c] = groups
 
@@ -621,31 +622,6 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
         result["by_position"][c] = rows
     result["notes"] = notes
     return result, words
-
-
-def _class_breakdown(words: List[Dict], m: np.ndarray, pc: np.ndarray, name: str,
-                     halves: tuple) -> Dict:
-    """A class's mean P-CXMI split two ways: per member word (``by_word``, the
-    listed classes only: which pronouns gain or lose) and by whether the word
-    is repeated from the previous reference sentence of its document
-    (``in_previous_reference`` / ``not_in_previous_reference``, ``halves``: the
-    two masks over ``words``; ``</s>`` in neither). A hypothesis this split
-    tests: a model that copies words (or, with a source context, their
-    translations) from its context gains on the repeated words and loses on
-    the others."""
-    out = {}
-    if name not in ("other", "all words"):
-        by = collections.defaultdict(list)
-        for r, v, k in zip(words, pc, m):
-            if k:
-                by[normalise(r["word"])].append(v)
-        out["by_word"] = [{"word": w, "count": len(v), "mean_p_cxmi": float(np.mean(v))}
-                          for w, v in sorted(by.items(), key=lambda x: (-len(x[1]), x[0]))]
-    for key, sel in (("in_previous_reference", m & halves[0]),
-                     ("not_in_previous_reference", m & halves[1])):
-        out[key] = {"count": int(sel.sum()),
-                    "mean_p_cxmi": float(pc[sel].mean()) if sel.any() else None}
-    return out
 
 
 # -------------------------------------------------------------------- outputs
@@ -709,7 +685,7 @@ def format_result(result: Dict) -> str:
                 f"{g['minus_all_words']:.4f} {_interval_text(g['minus_all_words_interval'])}"
             lines.append(f"| {name} | {g['count']} | {head} | {diff} | " + " | ".join(vals)
                          + " |")
-        lines += _breakdown_lines(result, conds)
+        lines += breakdown_lines(result, conds)
     for c in conds:
         tw = result["top_words"][c]
         if not tw:
@@ -719,40 +695,6 @@ def format_result(result: Dict) -> str:
                   "|---|---:|---:|"]
         lines += [f"| {r['word']} | {r['count']} | {r['mean_p_cxmi']:.4f} |" for r in tw]
     return "\n".join(lines)
-
-
-def _breakdown_lines(result: Dict, conds: List[str]) -> List[str]:
-    """Each listed class per member word (count >= the top words' minimum) and
-    split by repetition from the previous reference sentence, per condition."""
-    first = result["word_classes"][conds[0]]
-    min_count = result["top_words_min_count"]
-
-    def val(c, name, key, word=None):
-        g = result["word_classes"][c][name]
-        if word is None:
-            m = g[key]["mean_p_cxmi"]
-        else:
-            m = next(r["mean_p_cxmi"] for r in g["by_word"] if r["word"] == word)
-        return "-" if m is None else f"{m:.4f}"
-
-    lines = []
-    for name, g in first.items():
-        if "by_word" not in g:
-            continue
-        lines += ["", f"{name}: mean P-CXMI per word (count >= {min_count}) and by "
-                      "repetition from the previous reference sentence of the document:", "",
-                  "| word | count | " + " | ".join(conds) + " |",
-                  "|---|---:|" + "---:|" * len(conds)]
-        for cls in (name, "all words"):
-            for key, label in (("in_previous_reference", "in the previous reference sentence"),
-                               ("not_in_previous_reference", "not in it")):
-                lines.append(f"| ({cls}: {label}) | {first[cls][key]['count']} | "
-                             + " | ".join(val(c, cls, key) for c in conds) + " |")
-        for r in g["by_word"]:
-            if r["count"] >= min_count:
-                lines.append(f"| {r['word']} | {r['count']} | "
-                             + " | ".join(val(c, name, None, r["word"]) for c in conds) + " |")
-    return lines
 
 
 def _plots(result: Dict, words: List[Dict], hist_png: str, pos_png: str) -> None:
