@@ -31,6 +31,7 @@ import sys
 ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (continued)",
         "concat": "transformer_concat (2-to-2)", "context_aware": "transformer_context_aware",
         "zhang2018": "transformer_doc_zhang2018 (encoder)", "han": "transformer_han (joint)",
+        "han_enc": "transformer_han_enc (encoder)",
         "selective": "transformer_selective_doc (encoder, online, H-attention)",
         "dc": "transformer_dc (sentence-level)", "hybrid": "transformer_hybrid (sentence-level)"}
 #: the tools whose exact command lines run.sh records (WORK/commands/NAME.TOOL.sh)

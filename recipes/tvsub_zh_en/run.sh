@@ -234,6 +234,9 @@ tvsub_model_spec() {
         han)  # Miculicich et al. (2018), HAN joint: 3 previous source and target sentences
             M_ARCH=transformer_han; M_ITER=1; M_K=3
             M_TASK+=(--source-context-size 3 --target-context-size 3) ;;
+        han_enc)  # Miculicich et al. (2018), HAN encoder: 3 previous source sentences
+            M_ARCH=transformer_han_enc; M_K=3
+            M_TASK+=(--source-context-size 3) ;;
         selective)  # Maruf et al. (2019): encoder side, online (previous sentences), H-attention
             M_ARCH=transformer_selective_doc
             # --length-buckets 4: the batch's sentence-level layers run in 4 groups of
@@ -250,7 +253,7 @@ tvsub_model_spec() {
         hybrid)  # Xu et al. (ACL 2019): sentence-level hybrid local/global, likewise
             M_ARCH=transformer_hybrid; M_TASK+=(--source-context-size 0); M_CXMI=0
             M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
-        *) die "MODELS: unknown model $1 (expected transformer, concat, context_aware, zhang2018, han, selective, dc, hybrid)" ;;
+        *) die "MODELS: unknown model $1 (expected transformer, concat, context_aware, zhang2018, han, han_enc, selective, dc, hybrid)" ;;
     esac
     if [ "$M_CXMI" = 1 ]; then  # a context model: its training's dropouts (not generation's)
         if [ -n "$CONTEXT_DROPOUT" ]; then M_TRAIN+=(--context-dropout "$CONTEXT_DROPOUT"); fi
