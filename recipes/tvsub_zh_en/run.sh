@@ -38,14 +38,15 @@ Environment (defaults in README.md): MODELS, EPISODES (FIRST:END), BPE_MERGES,
 MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, DOC_TOKENS (stage-2 target-token budget:
 updates per model from it), BEAM, SEED, TVSUB_URL, TVSUB_REF (a git revision),
 DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT, COWORD_DROPOUT,
-SAMPLE_CONTEXT (1: --sample-context-size K), HELDOUT (FIRST:END held-out
+SAMPLE_CONTEXT (1: --sample-context-size K), MEMORY_WINDOW (selective, with
+SAMPLE_CONTEXT: windows 0..K on its memory), HELDOUT (FIRST:END held-out
 episodes), HELDOUT_SENTS, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON.
 (WORD_CAPACITY, selective's removed word-level capacity: an error.)"
 
 # the settings given in the environment, before any default is filled in
 _ENV_SETTINGS=(MODELS EPISODES SMOKE_EPISODES BPE_MERGES MAX_TOKENS GEN_MAX_TOKENS SENT_UPDATES
                DOC_UPDATES DOC_TOKENS BEAM SEED TVSUB_URL TVSUB_REF DEV_SRC TEST_SRC EVAL_SPLIT
-               CONTEXT_DROPOUT COWORD_DROPOUT SAMPLE_CONTEXT HELDOUT HELDOUT_SENTS
+               CONTEXT_DROPOUT COWORD_DROPOUT SAMPLE_CONTEXT MEMORY_WINDOW HELDOUT HELDOUT_SENTS
                WORD_CAPACITY TRAIN_EXTRA GEN_EXTRA UNTIL PYTHON OMP_NUM_THREADS)
 declare -A _ENV_GIVEN=()
 for _v in "${_ENV_SETTINGS[@]}"; do
@@ -97,6 +98,8 @@ _coword_given=${COWORD_DROPOUT+1}  # COWORD_DROPOUT= (empty) turns the study's d
 COWORD_DROPOUT=${COWORD_DROPOUT:-}
 _sample_given=${SAMPLE_CONTEXT+1}  # SAMPLE_CONTEXT= (empty) turns the study's default off
 SAMPLE_CONTEXT=${SAMPLE_CONTEXT:-}
+_window_given=${MEMORY_WINDOW+1}  # MEMORY_WINDOW= (empty): selective reads its whole memory
+MEMORY_WINDOW=${MEMORY_WINDOW:-}
 _tokens_given=${DOC_TOKENS+1}  # DOC_TOKENS= (empty): DOC_UPDATES updates per model
 DOC_TOKENS=${DOC_TOKENS:-}
 _heldout_given=${HELDOUT+1}  # HELDOUT= (empty): no held-out split
@@ -156,6 +159,9 @@ case $MODE in
         # the sampled context size (Fernandes et al. 2021): the empty context of
         # CXMI is in distribution
         [ -n "$_sample_given" ] || SAMPLE_CONTEXT=1
+        # selective's equivalent (docs/document_translation.md): a window of
+        # 0..10 previous sentences on its memory, 10 at test time
+        [ -n "$_window_given" ] || MEMORY_WINDOW=10
         # 24 training episodes never trained on, the first HELDOUT_SENTS sentences
         # each: the context-evaluation split (documents for a document bootstrap)
         [ -n "$_heldout_given" ] || HELDOUT=276:300
@@ -181,6 +187,12 @@ case $MODE in
 esac
 read -r -a MODEL_LIST <<< "$MODELS"
 [ ${#MODEL_LIST[@]} -gt 0 ] || die "MODELS is empty: nothing to train after the stage-1 transformer"
+if [ -n "$MEMORY_WINDOW" ]; then
+    [[ "$MEMORY_WINDOW" =~ ^[1-9][0-9]*$ ]] \
+        || die "MEMORY_WINDOW=$MEMORY_WINDOW: expected a number of sentences >= 1"
+    [ -n "$SAMPLE_CONTEXT" ] || [ -z "$_window_given" ] \
+        || die "MEMORY_WINDOW goes with SAMPLE_CONTEXT=1 (selective's windows are sampled 0..K)"
+fi
 # the prep step reads these: its marker records them
 RECIPE_SETTINGS+=(EPISODES EVAL_SPLIT DEV_SRC TEST_SRC)
 
@@ -211,7 +223,7 @@ GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 tvsub_model_spec() {
     M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
     M_INIT="init-from"; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
-    M_TRAIN=(); M_K=0
+    M_TRAIN=(); M_K=0; M_WINDOW=0
     case "$1" in
         transformer)  # the stage-1 transformer trained on for the same budget
             M_ARCH=transformer; M_TASK=(--task translation); M_INIT=finetune; M_CXMI=0
@@ -245,7 +257,14 @@ tvsub_model_spec() {
             M_TASK+=(--document-context online --document-memory --memory-precomputed
                      --length-buckets 4)
             M_MODEL=(--doc-attention hierarchical --sentence-attn sparsemax --word-attn softmax
-                     --context-memory frozen) ;;
+                     --context-memory frozen)
+            # the sampled context size's equivalent for a memory: windows 0..K in
+            # training; translation, validation and CXMI read window K (the task
+            # does so only when given the option: it goes with the task's options)
+            if [ -n "$SAMPLE_CONTEXT" ] && [ -n "$MEMORY_WINDOW" ]; then
+                M_K=$MEMORY_WINDOW; M_WINDOW=1
+                M_TASK+=(--sample-context-size "$MEMORY_WINDOW")
+            fi ;;
         dc)  # Xu et al.: sentence-level (local context) from the stage-1 weights
             # (--init-from-sentence-checkpoint is the document task's: no context)
             M_ARCH=transformer_dc; M_TASK+=(--source-context-size 0); M_CXMI=0
@@ -257,7 +276,7 @@ tvsub_model_spec() {
     esac
     if [ "$M_CXMI" = 1 ]; then  # a context model: its training's dropouts (not generation's)
         if [ -n "$CONTEXT_DROPOUT" ]; then M_TRAIN+=(--context-dropout "$CONTEXT_DROPOUT"); fi
-        if [ -n "$SAMPLE_CONTEXT" ] && [ "$M_K" -gt 0 ]; then
+        if [ -n "$SAMPLE_CONTEXT" ] && [ "$M_K" -gt 0 ] && [ "$M_WINDOW" = 0 ]; then
             M_TRAIN+=(--sample-context-size "$M_K")
         fi
     fi
