@@ -332,6 +332,13 @@ def test_bash_syntax_help_and_options(tmp_path):
     r = run(["--smoke", "--raw", str(tmp_path), "--workdir", str(tmp_path / "w")],
             env={"MODELS": "transformer nope"})
     assert r.returncode == 1 and "MODELS: unknown model nope" in r.stderr
+    for env, msg in (({"MEMORY_WINDOW": "x"}, "MEMORY_WINDOW=x: expected a number"),
+                     ({"MEMORY_WINDOW": "0", "SAMPLE_CONTEXT": "1"}, "MEMORY_WINDOW=0: expected"),
+                     ({"MEMORY_WINDOW": "4"}, "MEMORY_WINDOW goes with SAMPLE_CONTEXT=1")):
+        r = run(["--smoke", "--raw", str(tmp_path), "--workdir", str(tmp_path / "m")], env=env)
+        assert r.returncode == 1 and msg in r.stderr, (env, r.stderr)
+        # (a malformed window stops before anything is written)
+        assert "goes with" in msg or not (tmp_path / "m").exists()
 
 
 def test_bad_input_stops_the_prep_step(tmp_path):
@@ -379,14 +386,15 @@ def test_smoke_end_to_end(tmp_path):
     root = write_tvsub(str(tmp_path / "tvsub"), episodes=16)
     work = tmp_path / "w"
     env = {"OMP_NUM_THREADS": "1", "COWORD_DROPOUT": "0.1",
-           "SAMPLE_CONTEXT": "1", "HELDOUT": "12:16", "DOC_TOKENS": "2500"}
+           "SAMPLE_CONTEXT": "1", "MEMORY_WINDOW": "2", "HELDOUT": "12:16",
+           "DOC_TOKENS": "2500"}
     r = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r.returncode == 0, r.stderr[-5000:]
     assert "evaluating on the test set: 18 sentences, 3 reference(s)" in r.stderr
     res = json.loads((work / "smoke" / "results" / "results.json").read_text())
     assert res["eval_split"] == "test" and res["test"]["references"] == 3
     models = ["sentence", "transformer", "concat", "context_aware", "zhang2018", "han",
-              "selective", "dc", "hybrid"]
+              "han_enc", "selective", "dc", "hybrid"]
     assert list(res["models"]) == models
     for m in models:
         row = res["models"][m]
@@ -396,15 +404,14 @@ def test_smoke_end_to_end(tmp_path):
         assert row["train_options"] and row["updates"] is not None
     # every context model, transformer_selective_doc's document memory included, on
     # the held-out episodes (4 documents: too few for a document interval, said so)
-    for m in ("concat", "context_aware", "zhang2018", "han", "selective"):
+    for m in ("concat", "context_aware", "zhang2018", "han", "han_enc", "selective"):
         row = res["models"][m]
         assert isinstance(row["cxmi"], float) and isinstance(row["cxmi_shuffled"], float), m
         assert row["cxmi_split"] == "heldout" and row["cxmi_documents"] == 4, m
         assert row["cxmi_interval"]["low"] is None and "too few" in row["cxmi_interval"]["note"]
         assert (work / "smoke" / "results" / m / "cxmi" / "cxmi.json").exists(), m
-        assert ("curve" in row) == (m != "selective"), m
-        if m != "selective":
-            assert len(row["curve"]) == row["sample_context_size"] + 1, m
+        # (selective: windows 0..MEMORY_WINDOW on its memory, the curve over them)
+        assert len(row["curve"]) == row["sample_context_size"] + 1, m
         assert row["p_cxmi_pronouns"]["count"] > 0, m
     for m in ("sentence", "transformer", "dc", "hybrid"):
         assert res["models"][m]["cxmi"] == "no context", m
@@ -434,7 +441,7 @@ def test_smoke_end_to_end(tmp_path):
         # CoWord dropout for every stage-2 model (no confound); the sampled size where
         # the context is bounded
         assert "arg=--coword-dropout" in args, (m, args)
-        bounded = m in ("concat", "context_aware", "zhang2018", "han")
+        bounded = m in ("concat", "context_aware", "zhang2018", "han", "han_enc", "selective")
         assert ("arg=--sample-context-size" in args) == bounded, (m, args)
         assert "arg=--doc-word-capacity" not in args, (m, args)  # removed (issue 24)
     ca = (work / "smoke" / "checkpoints" / "context_aware" / "train.args").read_text()
@@ -445,7 +452,7 @@ def test_smoke_end_to_end(tmp_path):
     assert "exceeded --doc-word-capacity" not in md
     assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
     detail = md.split("## The English pronouns in detail", 1)[1].split("## Commands")[0]
-    for m in ("concat", "context_aware", "zhang2018", "han", "selective"):
+    for m in ("concat", "context_aware", "zhang2018", "han", "han_enc", "selective"):
         assert f"\n| {m} | " in detail, m
     assert "\n| transformer | " not in detail  # no context: nothing to measure
     # the exact commands: the run's, and each model's training, translation and CXMI
@@ -463,6 +470,11 @@ def test_smoke_end_to_end(tmp_path):
     assert "--conditions none\\,shuffled" in cmds["ctx-cxmi"] and "--curve" in cmds["ctx-cxmi"]
     assert "--data $WORK/data-heldout" in cmds["ctx-cxmi"]
     assert "--path $WORK/checkpoints/concat/" in res["models"]["concat"]["commands"]["fairseq-generate"]
+    # selective's window: translation and validation read window K (the task's option)
+    sel = res["models"]["selective"]["commands"]
+    for tool in ("fairseq-generate", "fairseq-generate.heldout", "fairseq-validate"):
+        assert "--document-memory" in sel[tool] and "--sample-context-size 2" in sel[tool], tool
+    assert "--arch transformer_han_enc" in res["models"]["han_enc"]["commands"]["fairseq-train"]
     # (the held-out split's translation beside the test split's)
     assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate",
                                                     "fairseq-generate.heldout"}

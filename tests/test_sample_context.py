@@ -190,3 +190,28 @@ def test_a_document_memory_samples_its_window(toy_bin):
     # outside training the widest window it was trained on, never the whole memory
     assert valid.collater([valid[i] for i in rows])["net_input"]["query_window"].tolist() \
         == [2] * len(rows)
+
+
+def test_a_windowed_memory_is_translated_at_its_window(toy_bin):
+    """fairseq-generate checks the checkpoint's task: a document memory
+    trained on windows 0..K must be given K (it reads window K then), not
+    read whole at distances it never saw; a bounded context's sampled size is
+    training-only and not checked; the rebuilt command line carries K."""
+    from ctx_fairseq.tasks.context_options import context_option_args
+    from ctx_fairseq.errors import InputError
+    trained = {"_name": "document_translation", "context_direction": "prev",
+               "document_context": "online", "document_memory": True,
+               "sample_context_size": 2}
+    whole = setup_task(toy_bin, "--document-context", "online", "--document-memory")
+    with pytest.raises(InputError, match=r"--sample-context-size 0 \(trained with 2: the window"):
+        whole.check_context_options(trained)
+    windowed = setup_task(toy_bin, "--document-context", "online", "--document-memory",
+                          "--sample-context-size", "2")
+    windowed.check_context_options(trained)  # the same window: accepted
+    with pytest.raises(InputError, match=r"--sample-context-size 2 \(trained with 0"):
+        windowed.check_context_options(dict(trained, sample_context_size=0))
+    assert context_option_args(trained)[-2:] == ["--sample-context-size", "2"]
+    bounded = dict(trained, document_context="none", document_memory=False,
+                   source_context_size=1, sample_context_size=1)
+    setup_task(toy_bin, "--source-context-size", "1").check_context_options(bounded)
+    assert "--sample-context-size" not in context_option_args(bounded)

@@ -79,7 +79,8 @@ def validate_context_options(cfg) -> None:
 def context_option_args(task_cfg) -> List[str]:
     """A checkpoint's context options (:data:`CONTEXT_OPTIONS`) as command-line
     arguments for fairseq-generate and the analysis tools (flags only when
-    set); empty without a task configuration."""
+    set; a document memory's window, ``--sample-context-size K``, too); empty
+    without a task configuration."""
     args: List[str] = []
     if task_cfg is None:
         return args
@@ -93,6 +94,10 @@ def context_option_args(task_cfg) -> List[str]:
                 args.append(flag)
         else:
             args += [flag, str(value)]
+    window = _get(task_cfg, "sample_context_size", None)
+    if _get(task_cfg, "document_memory", False) and window:
+        # a memory's window (read at K outside training): it changes what the model sees
+        args += ["--sample-context-size", str(window)]
     return args
 
 

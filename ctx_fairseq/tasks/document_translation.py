@@ -487,6 +487,13 @@ class DocumentTranslationTask(TranslationTask):
             theirs, ours = get(name, None), getattr(self.cfg, name, None)
             if theirs is not None and str(theirs) != str(ours):
                 diff.append(f"--{name.replace('_', '-')} {ours} (trained with {theirs})")
+        if get("document_memory", None) and get("sample_context_size", None) is not None:
+            # a memory trained on windows 0..K reads window K outside training, and only
+            # when the task is given K: without it, distances it never saw
+            theirs, ours = int(get("sample_context_size")), int(self.cfg.sample_context_size or 0)
+            if theirs != ours:
+                diff.append(f"--sample-context-size {ours} (trained with {theirs}: the window "
+                            "on the document memory)")
         if not diff:
             return
         if self.cfg.allow_context_change:
