@@ -171,7 +171,7 @@ case $MODE in
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
-        MODELS=${MODELS-transformer context_aware zhang2018 han} ;;
+        MODELS=${MODELS-transformer context_aware zhang2018 selective} ;;
     gpu)
         EPISODES=${EPISODES:-0:}
         BPE_MERGES=${BPE_MERGES:-30000}
