@@ -6,14 +6,14 @@ that rebuild a checkpoint's command line (:func:`context_option_args`), and
 what the models the task builds may read of them (:func:`options_for_models`,
 the model-task contract of :mod:`ctx_fairseq.data.contract`)."""
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 from ctx_fairseq.data.contract import TaskContextOptions
 from ctx_fairseq.data.windows import check_context_sizes
 from ctx_fairseq.errors import InputError
 
 __all__ = ["CONTEXT_OPTIONS", "FLAG_OPTIONS", "validate_context_options",
-           "context_option_args", "options_for_models"]
+           "context_option_args", "context_option_diff", "memory_window", "options_for_models"]
 
 #: options that change what a model sees, compared with the checkpoint's
 #: (``DocumentTranslationTask.check_context_options``)
@@ -94,11 +94,39 @@ def context_option_args(task_cfg) -> List[str]:
                 args.append(flag)
         else:
             args += [flag, str(value)]
-    window = _get(task_cfg, "sample_context_size", None)
-    if _get(task_cfg, "document_memory", False) and window:
-        # a memory's window (read at K outside training): it changes what the model sees
+    window = memory_window(task_cfg)
+    if window:
         args += ["--sample-context-size", str(window)]
     return args
+
+
+def memory_window(cfg) -> Optional[int]:
+    """The window ``K`` a document memory trained on windows ``0..K``
+    (``--sample-context-size`` with ``--document-memory``) reads outside
+    training, 0 for the whole memory; None without a memory or without the
+    option (a checkpoint older than it). It changes what the model sees, as
+    the options of :data:`CONTEXT_OPTIONS` do."""
+    window = _get(cfg, "sample_context_size", None)
+    if not _get(cfg, "document_memory", False) or window is None:
+        return None
+    return int(window)
+
+
+def context_option_diff(trained, cfg) -> List[str]:
+    """The context options of ``cfg`` that differ from those of ``trained``
+    (a checkpoint's task configuration), one ``--option ours (trained with
+    theirs)`` each: :data:`CONTEXT_OPTIONS`, and a memory's window."""
+    diff = []
+    for name in CONTEXT_OPTIONS:
+        theirs, ours = _get(trained, name, None), _get(cfg, name, None)
+        if theirs is not None and str(theirs) != str(ours):
+            diff.append(f"--{name.replace('_', '-')} {ours} (trained with {theirs})")
+    theirs = memory_window(trained)
+    ours = int(_get(cfg, "sample_context_size", 0) or 0)
+    if theirs is not None and theirs != ours:
+        diff.append(f"--sample-context-size {ours} (trained with {theirs}: the window on the "
+                    "document memory)")
+    return diff
 
 
 def options_for_models(cfg, src_dict) -> TaskContextOptions:

@@ -141,6 +141,7 @@ from ctx_fairseq.data.document_dataset import (
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.context_options import (
     CONTEXT_OPTIONS,
+    context_option_diff,
     options_for_models,
     validate_context_options,
 )
@@ -482,18 +483,7 @@ class DocumentTranslationTask(TranslationTask):
         get = trained.get if hasattr(trained, "get") else lambda k, d=None: getattr(trained, k, d)
         if get("_name", None) not in (None, "document_translation"):
             return
-        diff = []
-        for name in self.CONTEXT_OPTIONS:
-            theirs, ours = get(name, None), getattr(self.cfg, name, None)
-            if theirs is not None and str(theirs) != str(ours):
-                diff.append(f"--{name.replace('_', '-')} {ours} (trained with {theirs})")
-        if get("document_memory", None) and get("sample_context_size", None) is not None:
-            # a memory trained on windows 0..K reads window K outside training, and only
-            # when the task is given K: without it, distances it never saw
-            theirs, ours = int(get("sample_context_size")), int(self.cfg.sample_context_size or 0)
-            if theirs != ours:
-                diff.append(f"--sample-context-size {ours} (trained with {theirs}: the window "
-                            "on the document memory)")
+        diff = context_option_diff(trained, self.cfg)
         if not diff:
             return
         if self.cfg.allow_context_change:
