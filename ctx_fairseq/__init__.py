@@ -6,7 +6,8 @@ criterion the project defines, and allow-lists the Python types that fairseq
 checkpoints contain so that they load under ``torch.load(weights_only=True)``
 (torch >= 2.6) without turning safe loading off, and makes fairseq keep the
 last partial batch instead of silently dropping it, resume a killed run with
-the batches of an uninterrupted one and copy checkpoints atomically (see
+the batches of an uninterrupted one, copy checkpoints atomically and keep a
+float64 model's attention softmax in float64 (see
 ``ctx_fairseq.compat``); bad options and files given to a fairseq command
 end in one line, not a traceback (``ctx_fairseq.errors``).
 """
@@ -21,6 +22,7 @@ _safe_load.allow_fairseq_checkpoints()
 _compat.keep_last_batch()
 _compat.reuse_first_epoch_batches()  # a resumed run builds the uninterrupted run's batches
 _compat.atomic_checkpoint_copies()  # checkpoint_last.pt / _best.pt whole or not at all
+_compat.float64_softmax()  # fairseq's softmax keeps a float64 model in float64
 _errors.install_excepthook()  # bad options or files: one line, not a traceback
 
 from ctx_fairseq._registry import import_all_submodules as _import_all  # noqa: E402

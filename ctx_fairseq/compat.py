@@ -29,6 +29,19 @@ the iterator's epoch and so its per-epoch shuffling). Iterators rebuilt every
 epoch (not reusable, ``disable_iterator_cache``, ``update_epoch_batch_itr``,
 ``rebuild_batches``) use ``seed + epoch`` in both runs and are left as they
 are.
+
+``fairseq.utils.softmax`` and ``fairseq.utils.log_softmax`` (fairseq's
+attention weights, and a decoder's ``get_normalized_probs``) always compute
+in float32: meant as an upcast of half precision, it is a downcast of a
+float64 model, whose attention then rounds to float32 (relative error about
+6e-8). Two computations that agree to float64 round-off before the softmax
+(a batch grouped by length and the same batch whole; a sentence alone and
+padded; the same matmul on another CPU's kernels) then differ by about 1e-7
+after it, depending on whether a float32 rounding boundary falls between
+them. Importing ``ctx_fairseq`` computes both in
+``promote_types(dtype, float32)``: float32 for half, bfloat16 and float32
+inputs (bit-identical to fairseq's), float64 for float64 inputs. The ONNX
+tracing branch is left as it is.
 """
 
 import functools
@@ -36,6 +49,8 @@ import os
 import shutil
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 
 def _keep_last_batch(original):
@@ -127,3 +142,26 @@ def atomic_checkpoint_copies() -> None:
 
     if not getattr(PathManager.copy, "ctx_fairseq_fixed", False):
         PathManager.copy = staticmethod(_atomic_copy(PathManager.copy))
+
+
+def _no_float64_downcast(original, fn):
+    @functools.wraps(original)
+    def normalize(x, dim: int, onnx_trace: bool = False):
+        if onnx_trace:
+            return original(x, dim, onnx_trace=onnx_trace)
+        return fn(x, dim=dim, dtype=torch.promote_types(x.dtype, torch.float32))
+
+    normalize.ctx_fairseq_fixed = True
+    return normalize
+
+
+def float64_softmax() -> None:
+    """Patch ``fairseq.utils.softmax`` and ``fairseq.utils.log_softmax``
+    (idempotent): float32 at least, float64 for float64 inputs (fairseq's
+    modules call them as ``utils.softmax``, so the patched function is the
+    one they run)."""
+    from fairseq import utils
+
+    for name, fn in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+        if not getattr(getattr(utils, name), "ctx_fairseq_fixed", False):
+            setattr(utils, name, _no_float64_downcast(getattr(utils, name), fn))

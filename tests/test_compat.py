@@ -98,3 +98,48 @@ def test_checkpoint_copies_are_atomic(tmp_path, monkeypatch):
     assert PathManager.copy(str(src), str(dst), overwrite=True)
     assert dst.read_bytes() == src.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([dst.name, src.name])
+
+
+def test_fairseq_softmax_keeps_float64_and_is_unchanged_below():
+    """fairseq's ``utils.softmax``/``log_softmax`` compute in float32 whatever
+    the input: a float64 model's attention rounded to float32 (about 1e-7,
+    the cause of grouped and whole selective batches differing on some CPUs).
+    With ctx_fairseq: float64 stays float64; half, bfloat16 and float32 give
+    fairseq's float32 results bit for bit."""
+    import torch
+    import torch.nn.functional as F
+    from fairseq import utils
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 7, 33, generator=g, dtype=torch.float64) * 5
+    for ours, ref in ((utils.softmax, F.softmax), (utils.log_softmax, F.log_softmax)):
+        got = ours(x, dim=-1)
+        assert got.dtype == torch.float64
+        assert torch.equal(got, ref(x, dim=-1))
+        for dt in (torch.float16, torch.bfloat16, torch.float32):
+            y = ours(x.to(dt), dim=-1)
+            assert y.dtype == torch.float32
+            assert torch.equal(y, ref(x.to(dt), dim=-1, dtype=torch.float32))
+        assert ours(x, dim=-1, onnx_trace=True).dtype == torch.float32  # fairseq's branch
+
+
+def test_a_float64_attention_with_static_keys_is_float64():
+    """fairseq's MultiheadAttention with ``static_kv`` (a decoder's
+    encoder-attention) takes the path that calls ``utils.softmax``: in a
+    float64 model it now agrees with a float64 reference to float64
+    round-off, not float32's."""
+    import torch
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    torch.manual_seed(0)
+    m = MultiheadAttention(16, 4, encoder_decoder_attention=True).double().eval()
+    q = torch.randn(5, 2, 16, dtype=torch.float64)
+    kv = torch.randn(9, 2, 16, dtype=torch.float64)
+    with torch.no_grad():
+        out, _ = m(q, kv, kv, static_kv=True, need_weights=False)
+    ref, _ = torch.nn.functional.multi_head_attention_forward(
+        q, kv, kv, 16, 4, None, torch.cat([m.q_proj.bias, m.k_proj.bias, m.v_proj.bias]),
+        None, None, False, 0.0, m.out_proj.weight, m.out_proj.bias, training=False,
+        need_weights=False, use_separate_proj_weight=True, q_proj_weight=m.q_proj.weight,
+        k_proj_weight=m.k_proj.weight, v_proj_weight=m.v_proj.weight)
+    assert float((out - ref).abs().max()) < 1e-13

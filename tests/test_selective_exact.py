@@ -549,3 +549,71 @@ def test_sparsemax_partial_sort_is_the_full_sort_bitwise(scale):
             _Sparsemax.TOP = old
     assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
     assert (int((res[0][0] > 0).sum(-1).max()) > 64) == (scale == 0.01)
+
+
+def _sparsemax_and_grad(x, w):
+    from ctx_fairseq.modules.sparsemax import _Sparsemax
+
+    xx = x.clone().requires_grad_()
+    out = _Sparsemax.apply(xx)
+    (out * w).sum().backward()
+    return out.detach(), xx.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sparsemax_ties_break_by_the_outputs_support(dtype):
+    """Rows built with entries at the threshold (``t + p`` with ``p`` on the
+    simplex and zeros: those entries equal tau up to round-off). The forward's
+    sorted count and the output's support then disagree on some rows; the
+    gradient is the Jacobian of the output's support (it sums to 0 over the
+    support, 0 outside), and output and gradient do not depend on the order of
+    a row's entries, its width (masked entries added) or the sort that found
+    tau (the CPU's partial sort against the full one)."""
+    g = torch.Generator().manual_seed(0)
+    rows, n = 4000, 8
+    p = torch.rand(rows, n, generator=g, dtype=dtype)
+    p[:, n // 2:] = 0
+    p = p / p.sum(-1, keepdim=True)
+    x = p + torch.randn(rows, 1, generator=g, dtype=dtype) * 3
+    w = torch.randn(rows, n, generator=g, dtype=dtype)
+    out, grad = _sparsemax_and_grad(x, w)
+    on = out > 0
+    # the sorted count of the forward (its support condition) differs from the
+    # output's support on some rows: the test meets real ties
+    z, _ = torch.sort(x - x.amax(-1, keepdim=True), dim=-1, descending=True)
+    k = torch.arange(1, n + 1, dtype=dtype)
+    count = (k * z > z.cumsum(-1) - 1).sum(-1)
+    assert int((count != on.sum(-1)).sum()) > 10
+    # the Jacobian of the output's support
+    v = (w * on).sum(-1, keepdim=True) / on.sum(-1, keepdim=True).to(dtype)
+    torch.testing.assert_close(grad, torch.where(on, w - v, torch.zeros_like(w)),
+                               rtol=0, atol=0)
+    tol = 1e-5 if dtype == torch.float32 else 1e-13
+    assert float((grad * on).sum(-1).abs().max()) < tol
+    # order, width and sort path: the output bit for bit (so the same support),
+    # the gradient up to the round-off of its sum over the row (summed in
+    # another order)
+    perm = torch.randperm(n, generator=g)
+    pad = 3 * 64  # wider than 2 * TOP: the CPU's partial sort
+    wide = torch.cat([x[:, perm], torch.full((rows, pad), torch.finfo(dtype).min, dtype=dtype)], -1)
+    w_wide = torch.cat([w[:, perm], torch.randn(rows, pad, generator=g, dtype=dtype)], -1)
+    out2, grad2 = _sparsemax_and_grad(wide, w_wide)
+    assert torch.equal(out2[:, :n], out[:, perm])
+    torch.testing.assert_close(grad2[:, :n], grad[:, perm], rtol=0, atol=tol)
+    assert not out2[:, n:].any() and not grad2[:, n:].any()
+
+
+def test_sparsemax_an_entry_exactly_at_the_threshold_is_outside():
+    """``[1, 0]``: tau = 0, so the second entry is at the threshold; and
+    ``[.5, .5, 0]`` (two tied entries in, one at tau): weight 0 and gradient
+    0 for the entry at tau, in any order."""
+    for row, expect in (([1.0, 0.0], [1.0, 0.0]), ([0.5, 0.5, 0.0], [0.5, 0.5, 0.0])):
+        for perm in ([0, 1, 2][:len(row)], [len(row) - 1] + list(range(len(row) - 1))):
+            x = torch.tensor([row], dtype=torch.float64)[:, perm]
+            w = torch.arange(1.0, len(row) + 1, dtype=torch.float64)[None]
+            out, grad = _sparsemax_and_grad(x, w)
+            e = torch.tensor([expect], dtype=torch.float64)[:, perm]
+            assert torch.equal(out, e)
+            at_tau = e == 0
+            assert not grad[at_tau].any()
+            assert abs(float(grad[~at_tau].sum())) < 1e-15

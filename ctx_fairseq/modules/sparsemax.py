@@ -47,15 +47,24 @@ class _Sparsemax(torch.autograd.Function):
         # in place on the shifted copy (ours): one buffer for x - max, x - tau
         # and the clamp, not three (the sentence level is B x H x T x S_max)
         out = x.sub_(tau).clamp_(min=0)
-        ctx.save_for_backward(out, support)
+        ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        out, support = ctx.saved_tensors
-        on = out != 0
+        # the Jacobian of the support the output has: S = {i : out_i > 0}.
+        # At a tie (an entry within round-off of tau) the sorted count k of
+        # the forward and S can differ by that entry (k z_k > cs_k holds while
+        # z_k - tau rounds to 0, or the reverse): counting S here keeps the
+        # gradient the output's own (it sums to 0 over S, 0 outside), so it
+        # depends only on the row's values, not on its width, the order of
+        # its entries or which sort found tau. An entry exactly at tau is
+        # outside S (weight 0, gradient 0): the tie-break.
+        (out,) = ctx.saved_tensors
+        on = out > 0
         g = grad.masked_fill(~on, 0)
-        v = g.sum(-1, keepdim=True) / support.to(g.dtype)
+        n = on.sum(-1, keepdim=True).clamp_(min=1)  # >= 1: the largest entry is in
+        v = g.sum(-1, keepdim=True) / n.to(g.dtype)
         return torch.where(on, g - v, g)
 
 
