@@ -69,7 +69,7 @@ from fairseq_cli_utils import TINY_MODEL_ARGS, USER_DIR, accelerator_path
 from ctx_fairseq._registry import plugin_architectures
 from ctx_fairseq.host_reads import HostReadCounter, describe
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exactness]
 
 #: tokens of every hypothesis (forced), beam size, sentences of the beam search
 GEN_LEN, BEAM, BEAM_SENTENCES = 6, 5, (1, 2, 3, 4)

@@ -16,7 +16,7 @@ import torch
 import ctx_fairseq  # noqa: F401
 from fairseq_cli_utils import TINY_MODEL_ARGS, train
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exactness]
 
 
 def _train(data, save, max_update, extra):
