@@ -342,7 +342,8 @@ def test_visibility_current_and_future_sentences(mode, online):
     invisible = [3, 4, 5] if online else [3]  # doc 0 rows; query 0 is sentence 3
     out = perturbed(invisible)
     torch.testing.assert_close(out[:, 0], base[:, 0], rtol=0, atol=1e-13)
-    torch.testing.assert_close(out[:, 1], base[:, 1], rtol=0, atol=0)  # doc 1 unaffected
+    # doc 1 unaffected (1e-13, not 0: a tile's compacted row count may follow doc 0)
+    torch.testing.assert_close(out[:, 1], base[:, 1], rtol=0, atol=1e-13)
     # the visible sentence with most attention mass: changing its values changes the output
     w = info["sent_weights"][0].sum((0, 1))
     allowed = [j for j in range(6) if (j < 3 if online else j != 3)]
@@ -351,7 +352,8 @@ def test_visibility_current_and_future_sentences(mode, online):
     assert float(w[top]) > 0
     out = perturbed([top], keys=False)
     assert (out[:, 0] - base[:, 0]).abs().max() > 1e-3
-    torch.testing.assert_close(out[:, 1], base[:, 1], rtol=0, atol=0)  # doc 1 unaffected
+    # doc 1 unaffected (1e-13, not 0: a tile's compacted row count may follow doc 0)
+    torch.testing.assert_close(out[:, 1], base[:, 1], rtol=0, atol=1e-13)
 
 
 # ------------------------------------------------------------ empty context
@@ -896,7 +898,7 @@ def test_distance_bias_visibility_unchanged(mode, online):
         mem2.values[s] += 5 * torch.randn(mem.values.shape[1:], dtype=DT)
     out = run(m, mem2, q, qd, qp, online)[0]
     torch.testing.assert_close(out[:, 0], base[:, 0], rtol=0, atol=1e-13)
-    torch.testing.assert_close(out[:, 1], base[:, 1], rtol=0, atol=0)
+    torch.testing.assert_close(out[:, 1], base[:, 1], rtol=0, atol=1e-13)
     if online:
         assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2]))
 
@@ -1085,10 +1087,14 @@ def test_equals_the_previous_implementation(mode, dtype, layout, online, seed):
     close(o2, o1, o3)
     for a, b, c in zip(g1, g2, g3):
         close(b, a, c)
+    # counts of supports: exact in float64; in float32 an entry within
+    # round-off of a sparsemax threshold may fall on the other side in one
+    # implementation (each such entry moves a count by 1)
+    slack = 1e-9 if dtype == torch.float64 else 2.0
     for key in ("sentence_support_sum", "visible_sentences_sum", "word_support_sum",
                 "num_token_heads", "num_support_pairs", "word_overflow_sum"):
         if key in i1:
-            torch.testing.assert_close(i2[key], i1[key], rtol=0, atol=1e-9)
+            torch.testing.assert_close(i2[key], i1[key], rtol=0, atol=slack)
     s = min(i1["sent_weights"].size(-1), i2["sent_weights"].size(-1))
     assert i2["sent_weights"].dtype == torch.promote_types(dtype, torch.float32)
     torch.testing.assert_close(i2["sent_weights"][..., :s], i1["sent_weights"][..., :s].to(
