@@ -321,3 +321,29 @@ def run_main(main: Callable[[List[str]], None], argv: List[str], capsys):
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+#: the dataset's arguments besides the spec
+_DATASET_ARGS = ("separator", "tgt_context", "docids_path", "context_layout")
+#: the tests' short names of ContextSpec fields
+_SPEC_NAMES = {"src_context_size": "source_context_size",
+               "tgt_context_size": "target_context_size", "direction": "context_direction",
+               "sample_context_size": "sampled_context_size"}
+
+
+def document_dataset(base, doc_ids, **kw):
+    """A ``DocumentContextDataset`` from keyword settings: the spec's fields
+    (also by the tests' short names: ``src_context_size``, ``direction``, ...;
+    one previous source sentence unless told), ``max_src_context_tokens`` /
+    ``max_tgt_context_tokens``, and the dataset's own arguments."""
+    from ctx_fairseq.data.contract import ContextSpec
+    from ctx_fairseq.data.document_dataset import DocumentContextDataset
+
+    own = {k: kw.pop(k) for k in _DATASET_ARGS if k in kw}
+    limits = {side: kw.pop(f"max_{side}_context_tokens", None) for side in ("src", "tgt")}
+    fields = {_SPEC_NAMES.get(k, k): v for k, v in kw.items()}
+    fields.setdefault("source_context_size", 1)
+    if fields.get("document_context") is None:
+        fields["document_context"] = "none"
+    return DocumentContextDataset(base, doc_ids, ContextSpec(**fields),
+                                  max_context_tokens=limits, **own)

@@ -20,7 +20,7 @@ from ctx_fairseq._registry import plugin_models
 from ctx_fairseq.data.contract import (
     SENTENCE_LEVEL,
     ContextContract,
-    TaskContextOptions,
+    ContextSpec,
     contract_of,
     model_contract,
     task_options,
@@ -119,7 +119,7 @@ def test_task_options_carry_the_document_tasks_options():
     task, _ = _task("--source-context-size", "2", "--target-context-size", "1",
                     "--context-separator", "w3", "--left-pad-target")
     got = task_options(task)
-    assert got == TaskContextOptions(
+    assert got == ContextSpec(
         source_context_size=2, target_context_size=1, context_direction="prev",
         document_context="none", document_memory=False, memory_precomputed=False,
         length_buckets=1, left_pad_source=True, left_pad_target=True,
@@ -136,7 +136,7 @@ def test_task_options_of_another_task_and_of_no_task():
 
     d = _dict()
     got = task_options(TranslationTask(TranslationConfig(), d, d))
-    assert got == TaskContextOptions(document_task=False)
+    assert got == ContextSpec(document_task=False)
     assert task_options(types.SimpleNamespace(source_dictionary=d)) is None
     with pytest.raises(TypeError, match="neither a fairseq task"):
         task_options(types.SimpleNamespace(source_dictionary=d, cfg=types.SimpleNamespace()))
@@ -154,33 +154,71 @@ def test_the_options_reach_the_models_checks():
         task.build_model(cfg.model)
 
 
+def _is_task(node) -> bool:
+    """``task`` or ``<anything>.task`` (e.g. ``self.task``)."""
+    return (isinstance(node, ast.Name) and node.id == "task") or \
+        (isinstance(node, ast.Attribute) and node.attr == "task")
+
+
+def _context_names():
+    """The names of the context settings: the spec's fields and the task's
+    context options (the deprecated alias included)."""
+    import dataclasses
+
+    from ctx_fairseq.data.contract import ContextSpec
+    from ctx_fairseq.tasks.context_options import CONTEXT_OPTIONS
+
+    return ({f.name for f in dataclasses.fields(ContextSpec)} | set(CONTEXT_OPTIONS)
+            | {"sample_context_size", "sampled_context_size", "memory_window",
+               "context_ablation", "context_dropout", "coword_dropout"})
+
+
 def _reads_task_cfg(tree):
-    """Lines where ``task.cfg`` (or ``getattr(task, "cfg")``) is read."""
+    """Lines where ``task.cfg`` (or ``self.task.cfg``, ``getattr(task,
+    "cfg")``) is read, or a context setting through ``task_setting``."""
     out = []
+    context = _context_names()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == "cfg" and \
-                isinstance(node.value, ast.Name) and node.value.id == "task":
+        if isinstance(node, ast.Attribute) and node.attr == "cfg" and _is_task(node.value):
             out.append(node.lineno)
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and \
-                len(node.args) >= 2 and isinstance(node.args[0], ast.Name) and \
-                node.args[0].id == "task" and isinstance(node.args[1], ast.Constant) and \
-                node.args[1].value == "cfg":
+                len(node.args) >= 2 and _is_task(node.args[0]) and \
+                isinstance(node.args[1], ast.Constant) and node.args[1].value == "cfg":
+            out.append(node.lineno)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "task_setting" and \
+                len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and \
+                node.args[1].value in context:
             out.append(node.lineno)
     return out
 
 
-def test_no_model_reads_the_task_configuration_and_the_task_reads_no_signature():
-    assert sorted(_reads_task_cfg(ast.parse("x = task.cfg.a\ny = getattr(task, 'cfg', None)\n"))) \
-        == [1, 2]
+def _files_reading_task_cfg(package: str):
     bad = []
-    for d, _, files in os.walk(os.path.join(ROOT, "models")):
+    for d, _, files in os.walk(os.path.join(ROOT, package)):
         for f in files:
             if f.endswith(".py"):
                 path = os.path.join(d, f)
                 with open(path, encoding="utf-8") as fh:
                     bad += [f"{os.path.relpath(path, ROOT)}:{n}"
                             for n in _reads_task_cfg(ast.parse(fh.read()))]
-    assert bad == []
+    return bad
+
+
+def test_eval_and_cli_read_the_context_spec_not_the_task_configuration():
+    """eval/ and cli/ read context settings from the task's ContextSpec
+    (``task_options``), never from ``task.cfg``; other settings (the
+    language pair, the task's name) through ``task_setting``, which a
+    context setting's name may not pass through."""
+    src = ("a = self.task.cfg.x\nb = getattr(self.task, 'cfg')\n"
+           "c = task_setting(task, 'source_lang')\nd = task_setting(task, 'memory_window')\n")
+    assert sorted(_reads_task_cfg(ast.parse(src))) == [1, 2, 4]
+    assert _files_reading_task_cfg("eval") + _files_reading_task_cfg("cli") == []
+
+
+def test_no_model_reads_the_task_configuration_and_the_task_reads_no_signature():
+    assert sorted(_reads_task_cfg(ast.parse("x = task.cfg.a\ny = getattr(task, 'cfg', None)\n"))) \
+        == [1, 2]
+    assert _files_reading_task_cfg("models") == []
     for name in os.listdir(os.path.join(ROOT, "tasks")):
         if name.endswith(".py"):
             with open(os.path.join(ROOT, "tasks", name), encoding="utf-8") as fh:

@@ -26,6 +26,7 @@ from fairseq_cli_utils import (
     REPO_ROOT,
     TINY_MODEL_ARGS,
     USER_DIR,
+    document_dataset,
     interactive,
     train,
     write_two_documents,
@@ -158,7 +159,7 @@ def _fixed_dataset(n_sent=10, words=3, **kw):
     src = [torch.tensor([d.index(f"w{j}")] * words + [d.eos()]) for j in range(n_sent)]
     base = LanguagePairDataset(src, np.array([len(s) for s in src]), d, src,
                                np.array([len(s) for s in src]), d, shuffle=False)
-    return DocumentContextDataset(base, ["doc"] * n_sent, **kw), d
+    return document_dataset(base, ["doc"] * n_sent, **kw), d
 
 
 def _context_sentences(ds, d, i):

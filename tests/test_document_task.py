@@ -15,6 +15,8 @@ from fairseq import options, tasks
 from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
+from fairseq_cli_utils import document_dataset
+
 from ctx_fairseq.data.document_dataset import (
     DocumentContextDataset,
     DocumentIdError,
@@ -62,7 +64,7 @@ def synthetic(doc_sizes, data_seed=0, d=None, **kw):
             ids.append(f"doc{doc}")
     base = LanguagePairDataset(src, np.array([len(s) for s in src]), d, tgt,
                                np.array([len(t) for t in tgt]), d, shuffle=True)
-    return DocumentContextDataset(base, ids, **kw), src, tgt
+    return document_dataset(base, ids, **kw), src, tgt
 
 
 def strip_eos(t, eos):
@@ -192,7 +194,7 @@ def test_set_target_context_equals_a_full_refresh():
                              + ([d.eos()] if rng.random() < 0.8 else []), dtype=torch.long)
             before = [ds[j].get("tgt_ctx") for j in range(n)]
             changed = set(ds.set_target_context(i, t).tolist())
-            ref = DocumentContextDataset(ds.base, [f"doc{x}" for x in ds.doc_index],
+            ref = document_dataset(ds.base, [f"doc{x}" for x in ds.doc_index],
                                          tgt_context=list(ds.tgt_context), **kw)
             for name in ("partial", "context_length", "longest"):
                 got, want = getattr(ds, name)["tgt"], getattr(ref, name)["tgt"]

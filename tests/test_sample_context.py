@@ -203,15 +203,18 @@ def test_a_windowed_memory_is_translated_at_its_window(toy_bin):
                "document_context": "online", "document_memory": True,
                "sample_context_size": 2}
     whole = setup_task(toy_bin, "--document-context", "online", "--document-memory")
-    with pytest.raises(InputError, match=r"--sample-context-size 0 \(trained with 2: the window"):
+    with pytest.raises(InputError, match=r"--memory-window 0 \(trained with 2: the window"):
         whole.check_context_options(trained)
-    windowed = setup_task(toy_bin, "--document-context", "online", "--document-memory",
-                          "--sample-context-size", "2")
-    windowed.check_context_options(trained)  # the same window: accepted
-    with pytest.raises(InputError, match=r"--sample-context-size 2 \(trained with 0"):
-        windowed.check_context_options(dict(trained, sample_context_size=0))
-    assert context_option_args(trained)[-2:] == ["--sample-context-size", "2"]
+    for option in ("--sample-context-size", "--memory-window", "--sampled-context-size"):
+        # the deprecated name, the window, and the sampled size (the window's default)
+        windowed = setup_task(toy_bin, "--document-context", "online", "--document-memory",
+                              option, "2")
+        windowed.check_context_options(trained)  # the same window: accepted
+        with pytest.raises(InputError, match=r"--memory-window 2 \(trained with 0"):
+            windowed.check_context_options(dict(trained, sample_context_size=0))
+    assert context_option_args(trained)[-2:] == ["--memory-window", "2"]
     bounded = dict(trained, document_context="none", document_memory=False,
                    source_context_size=1, sample_context_size=1)
     setup_task(toy_bin, "--source-context-size", "1").check_context_options(bounded)
     assert "--sample-context-size" not in context_option_args(bounded)
+    assert "--memory-window" not in context_option_args(bounded)

@@ -21,7 +21,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerEncoderBase
 
-from ctx_fairseq.data.contract import TaskContextOptions
+from ctx_fairseq.data.contract import ContextSpec
 from ctx_fairseq.data.document_dataset import DocumentContextDataset, memory_batches
 from ctx_fairseq.models.transformer_selective_doc import (
     SelectiveDocDecoder,
@@ -32,6 +32,7 @@ from fairseq_cli_utils import (
     TINY_MODEL_ARGS,
     build_tiny_model,
     decode_with_reorder,
+    document_dataset,
     hypotheses,
     interactive,
     loaded_and_fresh,
@@ -55,12 +56,9 @@ class _Task:
 
     def __init__(self, d, mode="online", target_context=0, left_pad_source=True, memory=True):
         self.source_dictionary = self.target_dictionary = d
-        self.options = TaskContextOptions(document_context=mode, document_memory=memory,
-                                          target_context_size=target_context,
-                                          left_pad_source=left_pad_source)
-
-    def context_options_for_models(self):
-        return self.options
+        self.context_spec = ContextSpec(document_context=mode, document_memory=memory,
+                                        target_context_size=target_context,
+                                        left_pad_source=left_pad_source)
 
 
 def build(extra=(), integration="encoder", mode="online", double=True, left_pad_source=True,
@@ -109,7 +107,7 @@ def dataset(d, data, mode="online", integration="encoder", left_pad_source=True,
     base = LanguagePairDataset(src, np.array([len(s) for s in src]), d, tgt,
                                np.array([len(t) for t in tgt]), d,
                                left_pad_source=left_pad_source, shuffle=False)
-    return DocumentContextDataset(base, ids, document_context=mode, document_memory=True,
+    return document_dataset(base, ids, document_context=mode, document_memory=True,
                                   tgt_context_size=1 if integration == "decoder" else 0,
                                   memory_precomputed=memory_precomputed)
 

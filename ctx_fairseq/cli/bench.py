@@ -113,6 +113,7 @@ from ctx_fairseq.cli.bench_memory import (  # noqa: F401  (re-exported)
     CudaMemoryStats, cpu_step_peak_bytes, resident_bytes, step_peak_bytes)
 from ctx_fairseq.cli.bench_report import (  # noqa: F401  (re-exported)
     format_dry_run, format_markdown, format_sweep, format_table, step_time_fit, sweep_summary)
+from ctx_fairseq.data.contract import sentence_level, task_options
 from ctx_fairseq.flops import device_peak_tflops, matmul_precision, mfu
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -299,9 +300,10 @@ class Bench:
             batch = next(b for b in first_doc if a.doc_len - 1 in b.tolist())
         else:
             batch = max(first_doc, key=len)
-        if getattr(task.cfg, "concat_context", False):
+        spec = task_options(task) or sentence_level()
+        if spec.concat_context:
             # concatenation: measure sentences that have their whole context
-            k = max(task.cfg.source_context_size, task.cfg.target_context_size)
+            k = max(spec.source_context_size, spec.target_context_size)
             if a.doc_len <= k:
                 raise ValueError(f"--doc-len {a.doc_len}: concatenation with {k} context "
                                  f"sentence(s) needs documents of more than {k} sentences")

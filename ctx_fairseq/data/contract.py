@@ -19,9 +19,9 @@ Two halves, one per direction:
   inputs, and target context with a model that would not read it are
   refused there.
 * **Task -> model.** A model's ``build_model`` reads the task's context
-  options through :func:`task_options` only: a :class:`TaskContextOptions`
-  that the document task builds from its configuration
-  (``DocumentTranslationTask.context_options_for_models``), the defaults
+  options through :func:`task_options` only: the :class:`ContextSpec`
+  that the document task builds once from its configuration
+  (``DocumentTranslationTask.context_spec``), the defaults
   marked ``document_task=False`` for another fairseq task (its
   ``translation``), or None without a task (tests and tools that build a
   model from its dictionaries). No model reads ``task.cfg``.
@@ -30,6 +30,7 @@ The keys a model declares are checked against its ``forward`` by
 ``tests/test_contract.py`` for every registered architecture.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Optional, Tuple
 
@@ -87,49 +88,156 @@ def model_contract(model) -> ModelContext:
                         bool(getattr(model, "uses_target_context", False)))
 
 
-@dataclass(frozen=True)
-class TaskContextOptions:
-    """The document task's context options that a model's ``build_model``
-    may read (the task's option names; see ``tasks/context_options.py``);
-    ``document_task`` False: another fairseq task, which gives no context
-    (every option at its default)."""
+@dataclass(frozen=True, kw_only=True)
+class ContextSpec:
+    """The context specification: every setting that decides which context a
+    sentence gets, built once from the document task's configuration
+    (:func:`ctx_fairseq.tasks.context_options.context_spec`) and carried
+    from there, unchanged or through :meth:`replace`-style steps (a split's
+    role, :meth:`for_split`; a scorer's condition,
+    :meth:`ctx_fairseq.data.conditions.ContextCondition.apply`), to the
+    dataset, the models' builders, generation, ``ctx-cxmi``, the
+    contrastive scorer, the probes and ``ctx-bench``. Nothing else carries
+    context settings: no consumer reads the task's configuration.
 
+    Keyword-only and frozen, in the style of fairseq2's ``TransformerConfig``;
+    :func:`sentence_level` and :func:`previous_sentences` are small presets.
+    The checkpoint keeps the values as the task configuration's own plain
+    fields (the option names below with ``--``), so nothing here is
+    pickled."""
+
+    #: False: another fairseq task (``translation``), which gives no context
+    #: (every field at its default)
     document_task: bool = True
+
+    # ---------------------------------------------------- which sentences
+    #: ``--source-context-size``: context sentences per direction on the
+    #: source side (0: none)
     source_context_size: int = 0
+    #: ``--target-context-size``: the same on the target side
     target_context_size: int = 0
+    #: ``--context-direction``: ``prev``, ``next`` or ``both``
     context_direction: str = "prev"
+    #: ``--document-context``: ``none``, ``online`` (every previous sentence
+    #: of the document) or ``offline`` (every other sentence)
     document_context: str = "none"
+    #: ``--document-memory``: batches carry the document memory (each
+    #: visible sentence once) instead of per-sentence context
     document_memory: bool = False
+    #: ``--memory-precomputed``: the model reads the memory from a frozen
+    #: model's cache, so batch sizes count only what is encoded with gradients
     memory_precomputed: bool = False
+    #: ``--memory-window K``: outside training, a document memory shows each
+    #: sentence the memory sentences at most K positions away. None or 0: the
+    #: whole memory. Built from the configuration: ``--memory-window``, else
+    #: the sampled size K a memory was trained on (it reads the largest
+    #: window it saw), else None
+    memory_window: Optional[int] = None
+    #: a bound N for every sentence (its N nearest previous context
+    #: sentences; a memory's window N): a scorer's condition, never an option
+    context_size: Optional[int] = None
+    #: ``--context-ablation`` or a scorer's condition: ``none``, ``shuffled``
+    #: (another document's context) or ``random`` (random tokens)
+    ablation: str = "none"
+    #: every sentence alone in its document (the ``none`` condition of a
+    #: whole-document context or memory); a scorer's condition
+    isolate_sentences: bool = False
+
+    # ------------------------------------------------------- training only
+    #: ``--sampled-context-size K``: per sentence and epoch a size drawn from
+    #: 0..K (Fernandes et al. 2021); with a memory, a window drawn from 0..K.
+    #: Zero outside the split fairseq-train trains on (:meth:`for_split`)
+    sampled_context_size: int = 0
+    #: ``--context-dropout``: probability of dropping a sentence's whole context
+    context_dropout: float = 0.0
+    #: ``--coword-dropout``: probability of replacing a source word by ``<unk>``
+    coword_dropout: float = 0.0
+    #: ``--seed``: of the ablations, the draws above and the document order
+    seed: int = 1
+
+    # -------------------------------------------------------------- batches
+    #: ``--document-batching``: batches of whole documents (implied by a
+    #: whole-document context)
+    document_batching: bool = False
+    #: ``--length-buckets``: a memory batch's sentences in at most N groups
     length_buckets: int = 1
+    #: fairseq's ``--left-pad-source``: sources (and source context) padded left
     left_pad_source: bool = True
+    #: fairseq's ``--left-pad-target``: targets (and target context) padded left
     left_pad_target: bool = False
-    #: ``--context-separator`` as given (None: not set) and its index in the
-    #: source dictionary (None: set but not in the dictionary, i.e. ``<unk>``)
+
+    # -------------------------------------------------------------- symbols
+    #: ``--context-separator`` as given (None: not set)
     context_separator: Optional[str] = None
+    #: the separator's index in the source dictionary (None: not in it)
     context_separator_index: Optional[int] = None
+    #: ``--concat-context``: the concatenation baseline (context sentences
+    #: prepended to the sequences)
+    concat_context: bool = False
+    #: ``--concat-break``: the symbol that ends each prepended sentence
+    concat_break: str = "<brk>"
 
     @property
     def whole_document(self) -> bool:
-        """``--document-context online|offline``."""
+        """A whole-document context (``--document-context online|offline``)."""
         return (self.document_context or "none") != "none"
 
+    @property
+    def uses_context(self) -> bool:
+        """Any context at all: a side with context sentences, or a memory."""
+        return (self.source_context_size > 0 or self.target_context_size > 0
+                or self.document_memory)
 
-def task_options(task) -> Optional[TaskContextOptions]:
+    def for_split(self, training: bool) -> "ContextSpec":
+        """The spec of one split's dataset: the split fairseq-train trains on
+        keeps the training-only settings; every other split (validation,
+        generation, scoring) has none of them."""
+        if training:
+            return self
+        return dataclasses.replace(self, sampled_context_size=0, context_dropout=0.0,
+                                   coword_dropout=0.0)
+
+    def context_cap(self) -> Optional[int]:
+        """The bound every sentence's context has outside the sampled size:
+        the condition's ``context_size``, else (a memory outside training,
+        not isolated) its window, else None (the whole window)."""
+        if self.context_size is not None:
+            return self.context_size
+        if self.document_memory and self.memory_window and not self.sampled_context_size \
+                and not self.isolate_sentences:
+            return int(self.memory_window)
+        return None
+
+
+def sentence_level() -> ContextSpec:
+    """Another fairseq task's spec: no context."""
+    return ContextSpec(document_task=False)
+
+
+def previous_sentences(n: int = 1, target: int = 0) -> ContextSpec:
+    """``n`` previous source sentences (and ``target`` previous target
+    sentences), the document task's default shape."""
+    return ContextSpec(source_context_size=n, target_context_size=target)
+
+
+def task_options(task) -> Optional[ContextSpec]:
     """The context options ``task`` gives the models it builds: the
     document task's, the defaults with ``document_task=False`` for another
     fairseq task, None for no task (an object that only carries the
     dictionaries, as tests and tools build models with: the model is checked
     against its own options only). An object with a ``cfg`` that is neither
     is refused (TypeError): its options would be ignored without a word."""
-    get = getattr(task, "context_options_for_models", None)
-    if callable(get):
-        return get()
+    spec = getattr(task, "context_spec", None)
+    if isinstance(spec, ContextSpec):
+        return spec
     if isinstance(task, FairseqTask):
-        return TaskContextOptions(document_task=False)
+        cfg = getattr(task, "cfg", None)
+        pads = {k: bool(getattr(cfg, k)) for k in ("left_pad_source", "left_pad_target")
+                if getattr(cfg, k, None) is not None}
+        return dataclasses.replace(sentence_level(), **pads)
     if getattr(task, "cfg", None) is not None:
         # an object that looks like a task: its options would be silently ignored
         raise TypeError(f"{type(task).__name__} has a cfg but is neither a fairseq task nor "
-                        "gives context_options_for_models(): models read a task's context "
+                        "has a context_spec: models read a task's context "
                         "options only through the contract (ctx_fairseq.data.contract)")
     return None

@@ -69,13 +69,15 @@ from fairseq.data import FairseqDataset, data_utils
 
 # the parts of the dataset by job, re-exported here (the task, the models and
 # the tests import them from this module)
+from ctx_fairseq.data.conditions import ABLATIONS, ContextCondition
+from ctx_fairseq.data.contract import ContextSpec
 from ctx_fairseq.data.batching import (  # noqa: F401
     PART_SIDES, DocumentShardedEpochBatchIterator, assign_shards, context_batches,
     document_batches, document_groups, memory_batches, padded_cost)
 from ctx_fairseq.data.docids import DocumentIdError, check_docids, read_docids  # noqa: F401
 from ctx_fairseq.data.document_memory import DocumentMemoryMixin
 from ctx_fairseq.data.layouts import (  # noqa: F401
-    ABLATIONS, CONTEXT_LAYOUTS, DIRECTIONS, DOCUMENT_CONTEXTS, MEMORY_LAYOUTS,
+    CONTEXT_LAYOUTS, DIRECTIONS, DOCUMENT_CONTEXTS, MEMORY_LAYOUTS,
     merge_context_layouts, normalise_context_layout)
 from ctx_fairseq.data.memory_index import (  # noqa: F401
     length_buckets, memory_by_length, query_groups, query_token_groups)
@@ -93,22 +95,18 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
     Args:
         base: the sentence-level ``LanguagePairDataset`` (corpus order).
         doc_ids: one document id per sentence (strings), documents contiguous.
-        src_context_size / tgt_context_size: context sentences on each side
-            (per direction) of the current sentence; 0 turns a side off.
-        direction: ``prev``, ``next`` or ``both``.
-        ablation: ``none``, ``shuffled`` or ``random`` (see module docstring).
-        seed: seed of the ablations and of the document order per epoch.
-        document_context: ``none``; ``online`` (all previous sentences of the
-            document) or ``offline`` (all other sentences of the document);
+        spec: the :class:`~ctx_fairseq.data.contract.ContextSpec` (which
+            sentences a sentence sees, the ablation, the training-only
+            draws, the batching; see its fields). A whole-document context
             overrides the sizes and direction of every side that is on.
-        document_batching: batches of whole documents / document chunks.
         separator: token index ending each context sentence (default eos).
         tgt_context: sequence of target-side token tensors to take target
             context from (default: the references, ``base.tgt``).
-        max_src_context_tokens / max_tgt_context_tokens: longer contexts are
-            cut, nearest sentences first (:func:`truncate_windows`); one
-            number, or an array with one limit per sentence (0: no context;
-            e.g. concatenation leaves each sentence room for itself).
+        max_context_tokens: ``{"src": ..., "tgt": ...}``, longer contexts
+            are cut, nearest sentences first (:func:`truncate_windows`); per
+            side one number, or an array with one limit per sentence (0: no
+            context; e.g. concatenation leaves each sentence room for
+            itself); None or a missing side: no limit.
         docids_path: named in error messages.
         context_layout: how the model lays the context out (``CONTEXT_LAYOUTS``,
             one name or a dict per side; default ``concatenated``); the task
@@ -129,36 +127,27 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
     ``max_*_context_tokens``).
     """
 
-    def __init__(self, base, doc_ids: Sequence[str], src_context_size: int = 1,
-                 tgt_context_size: int = 0, direction: str = "prev", ablation: str = "none",
-                 seed: int = 1, document_context: str = "none", document_batching: bool = False,
+    def __init__(self, base, doc_ids: Sequence[str], spec: ContextSpec,
                  separator: Optional[int] = None, tgt_context: Optional[Sequence] = None,
-                 max_src_context_tokens: Optional[int] = None,
-                 max_tgt_context_tokens: Optional[int] = None, docids_path: str = "<docids>",
-                 document_memory: bool = False, memory_precomputed: bool = False,
-                 context_layout=None, context_dropout: float = 0.0,
-                 coword_dropout: float = 0.0, sample_context_size: int = 0,
-                 context_size: Optional[int] = None, length_buckets: int = 1,
-                 isolate_sentences: bool = False):
+                 max_context_tokens: Optional[Dict[str, object]] = None,
+                 docids_path: str = "<docids>", context_layout=None):
         super().__init__()
         #: what :meth:`with_condition` rebuilds the dataset from
-        self._init_args = dict(
-            src_context_size=src_context_size, tgt_context_size=tgt_context_size,
-            direction=direction, ablation=ablation, seed=seed,
-            document_context=document_context, document_batching=document_batching,
-            separator=separator, tgt_context=tgt_context,
-            max_src_context_tokens=max_src_context_tokens,
-            max_tgt_context_tokens=max_tgt_context_tokens, docids_path=docids_path,
-            document_memory=document_memory, memory_precomputed=memory_precomputed,
-            context_dropout=context_dropout, coword_dropout=coword_dropout,
-            sample_context_size=sample_context_size, context_size=context_size,
-            length_buckets=length_buckets, isolate_sentences=isolate_sentences)
+        self.spec = spec
+        self._rebuild = dict(separator=separator, tgt_context=tgt_context,
+                             max_context_tokens=max_context_tokens, docids_path=docids_path)
         self._doc_ids = doc_ids
+        max_context_tokens = dict(max_context_tokens or {})
+        max_src_context_tokens = max_context_tokens.get("src")
+        max_tgt_context_tokens = max_context_tokens.get("tgt")
+        src_context_size, tgt_context_size = spec.source_context_size, spec.target_context_size
+        direction, ablation = spec.context_direction, spec.ablation
+        document_context = spec.document_context or "none"
+        length_buckets = spec.length_buckets
         if direction not in DIRECTIONS:
             raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
         if ablation not in ABLATIONS:
             raise ValueError(f"--context-ablation: expected one of {ABLATIONS}, got {ablation!r}")
-        document_context = document_context or "none"
         if document_context not in DOCUMENT_CONTEXTS:
             raise ValueError(f"--document-context: expected one of {DOCUMENT_CONTEXTS}, "
                              f"got {document_context!r}")
@@ -181,10 +170,10 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         self.left_pad_source, self.left_pad_target = base.left_pad_source, base.left_pad_target
         self.pad_to_multiple = getattr(base, "pad_to_multiple", 1)
         self.src_context_size, self.tgt_context_size = int(src_context_size), int(tgt_context_size)
-        self.direction, self.ablation, self.seed = direction, ablation, int(seed)
+        self.direction, self.ablation, self.seed = direction, ablation, int(spec.seed)
         self.document_context = document_context
-        self.document_memory = bool(document_memory)
-        self.memory_precomputed = bool(memory_precomputed)
+        self.document_memory = bool(spec.document_memory)
+        self.memory_precomputed = bool(spec.memory_precomputed)
         if self.memory_precomputed and not self.document_memory:
             raise ValueError("--memory-precomputed goes with --document-memory")
         if self.document_memory and document_context == "none":
@@ -199,18 +188,20 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         #: document-memory batches: the rows' length groups (collater, see
         #: :func:`ctx_fairseq.data.memory_index.length_buckets`)
         self.length_buckets = int(length_buckets)
-        for name, v in (("--context-dropout", context_dropout),
-                        ("--coword-dropout", coword_dropout)):
+        for name, v in (("--context-dropout", spec.context_dropout),
+                        ("--coword-dropout", spec.coword_dropout)):
             if v is None or not 0.0 <= float(v) <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {v!r}")
         #: training only (the task gives them to the split fairseq-train trains on)
-        self.context_dropout, self.coword_dropout = float(context_dropout), float(coword_dropout)
-        #: sampled context size K (training only) and a fixed context size N (scoring):
-        #: see :meth:`context_cap`
+        self.context_dropout = float(spec.context_dropout)
+        self.coword_dropout = float(spec.coword_dropout)
+        #: sampled context size K (training only) and a fixed context size N (a
+        #: scorer's condition, or a memory's window outside training): see
+        #: :meth:`context_cap`
         self.sample_context_size, self.context_size = check_context_sizes(
-            sample_context_size, context_size, src_context_size, tgt_context_size, direction,
-            document_context, document_memory)
-        self.document_batching = bool(document_batching) or document_context != "none"
+            spec.sampled_context_size, spec.context_cap(), src_context_size, tgt_context_size,
+            direction, document_context, spec.document_memory)
+        self.document_batching = bool(spec.document_batching) or document_context != "none"
         self.eos = self.src_dict.eos()
         self.separator = self.eos if separator is None else int(separator)
         self.max_context_tokens = {"src": max_src_context_tokens, "tgt": max_tgt_context_tokens}
@@ -235,7 +226,7 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         self.sent_pos = np.arange(n, dtype=np.int64) - self.doc_start[self.doc_index]
         #: every sentence alone in its document (the ``none`` condition of a
         #: whole-document context or document memory: nothing of it is visible)
-        self.isolate_sentences = bool(isolate_sentences)
+        self.isolate_sentences = bool(spec.isolate_sentences)
         if self.isolate_sentences:
             self.doc_names = [f"{self.doc_names[d]}, sentence {p}"
                               for d, p in zip(self.doc_index.tolist(), self.sent_pos.tolist())]
@@ -267,22 +258,15 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
 
     def with_condition(self, condition) -> "DocumentContextDataset":
         """This dataset (the same sentences, documents and options) under a
-        :class:`~ctx_fairseq.data.conditions.ContextCondition` (or its kind's
-        name), for scoring (no dropout, no sampled size): the one way every
-        scorer gets the empty, a sized, a shuffled or a random context. ``none`` cuts a bounded context to 0 sentences
-        and puts each sentence alone in its document for a whole-document
-        context or document memory; a size cuts a bounded context of
-        previous sentences (an error for the others)."""
-        from ctx_fairseq.data.conditions import ContextCondition
-
-        cond = condition if isinstance(condition, ContextCondition) else \
-            ContextCondition(str(condition))
-        args = dict(self._init_args)
-        args.update(cond.dataset_args(self.whole_document, bool(self.document_memory)))
-        # a condition is for scoring: no training dropout or sampled size
-        args.update(context_dropout=0.0, coword_dropout=0.0, sample_context_size=0)
+        :class:`~ctx_fairseq.data.conditions.ContextCondition` (or its name),
+        for scoring (no dropout, no sampled size): the one way every scorer
+        gets the empty, a sized, a shuffled or a random context (the
+        condition's :meth:`~ctx_fairseq.data.conditions.ContextCondition.apply`
+        on this dataset's spec)."""
+        cond = ContextCondition.parse(condition)
         return DocumentContextDataset(self.base, self._doc_ids,
-                                      context_layout=self.context_layout, **args)
+                                      cond.apply(self.spec).for_split(training=False),
+                                      context_layout=self.context_layout, **self._rebuild)
 
     @property
     def whole_document(self) -> bool:

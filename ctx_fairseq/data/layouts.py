@@ -5,7 +5,6 @@ the models."""
 from typing import Dict
 
 DIRECTIONS = ("prev", "next", "both")
-ABLATIONS = ("none", "shuffled", "random")
 DOCUMENT_CONTEXTS = ("none", "online", "offline")
 #: how a model lays out the context it is given, which is what ``--max-tokens`` must count:
 #: ``concatenated``: the ``B x Tc`` tensor of the context sentences one after the other, as

@@ -10,6 +10,7 @@ from typing import Dict, Optional
 import torch
 
 from ctx_fairseq.errors import InputError
+from ctx_fairseq.tasks.context_options import task_setting
 
 __all__ = ["read_checkpoint", "checkpoint_task_name", "restore_checkpoint"]
 
@@ -59,7 +60,7 @@ def restore_checkpoint(path: str, data: str, overrides: Optional[Dict] = None,
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides=overrides, state=state)
     for k, v in overrides.items():  # never a silent mismatch
-        got = getattr(task.cfg, k, None)
+        got = task_setting(task, k)
         if got is not None and str(got) != str(v):
             raise RuntimeError(f"{path}: option {k}={v!r} did not reach the task ({got!r})")
     model = models[0].eval()

@@ -64,10 +64,13 @@ def load_document_model(ckpt: str, data: str, ablation: str = "none", cpu: bool 
 def check_target_context(task, gold_target_context: bool, what: str) -> None:
     """Reference translations are never used as target context unless asked:
     a model trained with target context needs ``gold_target_context``."""
-    if task.cfg.target_context_size > 0 and not gold_target_context:
+    from ctx_fairseq.data.contract import sentence_level, task_options
+
+    k = (task_options(task) or sentence_level()).target_context_size
+    if k > 0 and not gold_target_context:
         raise ValueError(
             f"{what}: the checkpoint uses target context (--target-context-size "
-            f"{task.cfg.target_context_size}); this analysis would take it from the reference "
+            f"{k}); this analysis would take it from the reference "
             "translations: pass --gold-target-context to accept that, or (BLEU) "
             "--target-context-file FILE with the hypotheses of an earlier pass")
 

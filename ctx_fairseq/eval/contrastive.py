@@ -73,6 +73,7 @@ import numpy as np
 import torch
 
 from ctx_fairseq.data.conditions import ContextCondition
+from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
 from ctx_fairseq.data.toy_corpus import read_contrastive  # noqa: F401  (re-exported)
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Suite, read_suite
 # distance_key and write_report_files are re-exported
@@ -80,6 +81,7 @@ from ctx_fairseq.eval.suite_report import (  # noqa: F401
     accuracy_bar_plot, add_output_args, add_suite_args, distance_key, group_outcomes, pct,
     print_report, report_name, result_rows, suite_options, write_report_files)
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
+from ctx_fairseq.tasks.context_options import task_setting
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +113,7 @@ def check_ablation(path: str, task, ablation: str) -> None:
 
     if not isinstance(task, DocumentTranslationTask):
         raise ValueError(f"--context-ablation {ablation}: {path} was trained with --task "
-                         f"{getattr(task.cfg, '_name', type(task).__name__)} (no context to "
+                         f"{task_setting(task, '_name') or type(task).__name__} (no context to "
                          "ablate)")
     if not uses_context(task):
         raise ValueError(f"--context-ablation {ablation}: {path} uses no context (--source-"
@@ -139,6 +141,8 @@ class ContrastiveScorer:
         if self.condition.kind != "true" and not uses_context(task):
             raise ValueError(f"context condition {self.condition}: the model reads no context")
         self.model, self.task = model, task
+        #: the checkpoint's context specification (another task's: none)
+        self.spec: ContextSpec = task_options(task) or sentence_level()
         self.src_enc, self.tgt_enc = src_encoder, tgt_encoder
         self.batch_size, self.max_tokens, self.split = batch_size, max_tokens, split
         self.gold_target_context = gold_target_context
@@ -163,7 +167,7 @@ class ContrastiveScorer:
         """The checkpoint's context must be buildable from the suite."""
         if not self.context:
             return
-        c = self.task.cfg
+        c = self.spec
         if c.target_context_size > 0:
             if suite.context_sentences is None and not self.gold_target_context:
                 raise ContextUnavailable(
@@ -208,12 +212,11 @@ class ContrastiveScorer:
     def _pair_dataset(self, src: List[torch.Tensor], tgt: List[torch.Tensor]):
         from fairseq.data import LanguagePairDataset
 
-        c = self.task.cfg
+        c = self.spec
         return LanguagePairDataset(
             src, np.array([len(x) for x in src], dtype=np.int64), self.task.source_dictionary,
             tgt, np.array([len(x) for x in tgt], dtype=np.int64), self.task.target_dictionary,
-            left_pad_source=getattr(c, "left_pad_source", True),
-            left_pad_target=getattr(c, "left_pad_target", False), shuffle=False)
+            left_pad_source=c.left_pad_source, left_pad_target=c.left_pad_target, shuffle=False)
 
     def _corpus(self, suite: Suite):
         """The binarized split the toy records point to, checked."""
@@ -265,7 +268,7 @@ class ContrastiveScorer:
                         rows[i] = ex.corpus_line
                 base = self._pair_dataset(src, tgt)
                 if self.context:
-                    tgt_ctx = ref if self.task.cfg.target_context_size > 0 else None
+                    tgt_ctx = ref if self.spec.target_context_size > 0 else None
                     ds = self.task.wrap(base, doc_ids, docids_path, tgt_ctx,
                                         generation=generation, condition=self.condition)
                 else:
@@ -302,7 +305,7 @@ class ContrastiveScorer:
                     rows[i] = len(src) - 1
             base = self._pair_dataset(src, tgt)
             if self.context:
-                use_t = self.task.cfg.target_context_size > 0
+                use_t = self.spec.target_context_size > 0
                 ds = self.task.wrap(base, doc_ids, suite.path, tctx if use_t else None,
                                     generation=generation, condition=self.condition)
             else:

@@ -98,14 +98,18 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ctx_fairseq.data.conditions import COMPARED, ContextCondition
+from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
 from ctx_fairseq.eval.cxmi_classes import breakdown_lines, class_breakdown
 from ctx_fairseq.eval.report_files import pyplot, save_figure
+from ctx_fairseq.tasks.context_options import task_setting
 from ctx_fairseq.eval.word_classes import (LANGUAGES, classes_for, load_word_classes,
                                            normalise)
 
 logger = logging.getLogger(__name__)
 
-CONDITIONS = ("none", "shuffled", "random")
+#: the conditions the true context is compared with (the one vocabulary's)
+CONDITIONS = COMPARED
 #: the word ``merge_words`` gives the end of a sentence
 EOS_WORD = "</s>"
 
@@ -126,7 +130,7 @@ def load(path: str, data: str, cuda: bool):
 
     model, task, cfg = load_checkpoint(path, data, cuda=cuda)
     if not uses_context(task):
-        name = getattr(task.cfg, "_name", None) or type(task).__name__
+        name = task_setting(task, "_name") or type(task).__name__
         raise CXMIError(
             f"{path} is a sentence-level checkpoint (task {name}, no source or target "
             "context): CXMI compares a model with and without its context, and this one has "
@@ -135,23 +139,30 @@ def load(path: str, data: str, cuda: bool):
     return model, task, cfg
 
 
+def _spec(task) -> ContextSpec:
+    """The checkpoint's context specification (a task without one: none)."""
+    return task_options(task) or sentence_level()
+
+
 def _memory(task) -> bool:
-    return bool(getattr(task.cfg, "document_memory", False))
+    return bool(_spec(task).document_memory)
 
 
 def trained_context_size(task) -> Optional[int]:
     """The largest context size the checkpoint was trained at: its
     ``--sample-context-size`` K (every size 0..K seen in training), else its
     largest ``--source/--target-context-size`` (that size only, and the empty
-    context of a document's first sentence). A document memory: its
-    ``--sample-context-size`` K (the memory's window), else None (the whole
-    document, no bounded size); a whole-document context: None."""
-    k = int(getattr(task.cfg, "sample_context_size", 0) or 0)
-    if _memory(task):
-        return k or None
-    if getattr(task.cfg, "document_context", "none") != "none":
+    context of a document's first sentence). A document memory: its window
+    (``--memory-window``, by default the ``--sampled-context-size`` K it was
+    trained on), else None (the whole document, no bounded size); a
+    whole-document context: None."""
+    spec = _spec(task)
+    if spec.document_memory:
+        return spec.memory_window or None
+    if spec.whole_document:
         return None
-    return k or max(int(task.cfg.source_context_size), int(task.cfg.target_context_size))
+    return spec.sampled_context_size or max(spec.source_context_size,
+                                            spec.target_context_size)
 
 
 def condition_dataset(task, split: str, condition: str, context_size: Optional[int] = None):
@@ -165,16 +176,18 @@ def condition_dataset(task, split: str, condition: str, context_size: Optional[i
     alone in its document, so nothing of it is visible)."""
     if condition not in ("true",) + CONDITIONS:
         raise ValueError(f"unknown condition {condition!r}; expected one of {CONDITIONS}")
-    from ctx_fairseq.data.conditions import ContextCondition
     from ctx_fairseq.data.docids import DocumentIdError
 
-    if context_size is not None and not _memory(task) and \
-            getattr(task.cfg, "document_context", "none") != "none":
+    if context_size is not None and not _memory(task) and _spec(task).whole_document:
         raise CXMIError("--context-size: a whole-document context has no bounded context "
                         "size to set (score it without --context-size: true against none)")
     size = None if condition == "none" else context_size
+    if condition == "true" and size is not None:  # previous-k, or a memory's window-k
+        cond = ContextCondition("window" if _memory(task) else "previous", size)
+    else:
+        cond = ContextCondition(condition, size)
     try:
-        return task.condition_dataset(split, ContextCondition(condition, size))
+        return task.condition_dataset(split, cond)
     except DocumentIdError as err:
         raise CXMIError(f"split {split!r}: {err}. CXMI needs documents (the true context "
                         "comes from them)") from None
@@ -403,20 +416,20 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
         if trained_k is not None and context_size > trained_k:
             raise CXMIError(
                 f"--context-size {context_size} is larger than the checkpoint was trained with "
-                f"(K = {trained_k}: --sample-context-size "
-                f"{getattr(task.cfg, 'sample_context_size', 0)}, --source-context-size "
-                f"{task.cfg.source_context_size}, --target-context-size "
-                f"{task.cfg.target_context_size}); it never saw that many sentences")
+                f"(K = {trained_k}: --sampled-context-size {_spec(task).sampled_context_size}, "
+                f"--memory-window {_spec(task).memory_window}, --source-context-size "
+                f"{_spec(task).source_context_size}, --target-context-size "
+                f"{_spec(task).target_context_size}); it never saw that many sentences")
     if curve and trained_k is None:
         raise CXMIError("--curve: this checkpoint reads a whole-document context or a document "
-                        "memory trained without --sample-context-size, which has no bounded "
+                        "memory without a window (--memory-window), which has no bounded "
                         "context size to vary")
     # a checkpoint reading next (or both) sentences: its true context is its whole
     # window (no size to cut), against the empty context (size 0, any direction)
-    prev_only = getattr(task.cfg, "context_direction", "prev") == "prev"
+    prev_only = _spec(task).context_direction == "prev"
     if not prev_only and (curve or (context_size is not None and context_size > 0)):
         raise CXMIError(f"--context-size / --curve count previous sentences; this checkpoint "
-                        f"reads --context-direction {task.cfg.context_direction} (score it "
+                        f"reads --context-direction {_spec(task).context_direction} (score it "
                         "without them: its whole context against none)")
     n_size = context_size if context_size is not None else (trained_k if prev_only else None)
     true_ds = condition_dataset(task, split, "true", n_size)
@@ -454,13 +467,14 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
     result["sentences_with_context"] = int(has_ctx.sum())
     result["context_size"] = n_size
     result["trained_context_size"] = trained_k
-    result["sample_context_size"] = int(getattr(task.cfg, "sample_context_size", 0) or 0)
+    result["sample_context_size"] = _spec(task).sampled_context_size  # (the key of old)
+    result["memory_window"] = _spec(task).memory_window
     result["logprob_true_per_token"] = float(sums["true"].sum() / tokens)
     result["logprob_true_per_sentence_mean"] = float(np.mean([v.mean() for v in lp["true"]]))
-    tgt_lang = getattr(task.cfg, "target_lang", None)
-    trained_dropout = float(getattr(task.cfg, "context_dropout", 0.0) or 0.0)
+    tgt_lang = task_setting(task, "target_lang")
+    trained_dropout = _spec(task).context_dropout
     result["context_dropout"] = trained_dropout
-    result["seed"] = int(task.cfg.seed)
+    result["seed"] = _spec(task).seed
     result["headline"] = ("cxmi: the true context against the empty context (condition none), "
                           "the paper's CXMI; shuffled and random are sensitivity checks")
     diffs = {}

@@ -88,6 +88,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ctx_fairseq.data.contract import task_options
 from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
 __all__ = ["ProbeError", "ProbingTask", "read_probing_file", "collect_task_files",
@@ -683,7 +684,8 @@ def probe_checkpoint(args) -> Dict:
         src_enc, _ = TextEncoder.pair_from_args(args, task, cfg)
     except ValueError as e:
         raise ProbeError(str(e))
-    left_pad = bool(getattr(getattr(task, "cfg", None), "left_pad_source", True))
+    spec = task_options(task)
+    left_pad = True if spec is None else spec.left_pad_source
     results = []
     for t in tasks:
         res = probe_task(t, model.encoder, src_enc, settings, left_pad)

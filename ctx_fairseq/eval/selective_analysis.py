@@ -63,6 +63,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ctx_fairseq.data.contract import task_options
 from ctx_fairseq.eval.context_aware_analysis import add_analysis_args
 from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
@@ -109,7 +110,7 @@ def _doc_args(model) -> Dict[str, str]:
 
 def _mode(task) -> str:
     """``online`` | ``offline`` (fairseq keeps choices as enums)."""
-    return str(task.cfg.document_context)
+    return str(task_options(task).document_context)
 
 
 def _setting(model, task, ds, split: str) -> Tuple[Dict[str, str], bool]:
@@ -197,10 +198,10 @@ def _memory_tokens(net_input: Dict[str, torch.Tensor], integration: str, task,
     pads."""
     if integration == "encoder":
         toks, d, left = net_input["mem_src_tokens"], task.source_dictionary, \
-            bool(task.cfg.left_pad_source)
+            task_options(task).left_pad_source
     else:
         toks, d, left = net_input["mem_tgt_prev_tokens"], task.target_dictionary, \
-            bool(task.cfg.left_pad_target)
+            task_options(task).left_pad_target
     if width is not None and toks.size(1) < width:
         extra = width - toks.size(1)
         toks = torch.nn.functional.pad(toks, (extra, 0) if left else (0, extra), value=d.pad())

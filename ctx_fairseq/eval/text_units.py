@@ -32,6 +32,8 @@ from typing import Optional
 
 import torch
 
+from ctx_fairseq.tasks.context_options import task_setting
+
 __all__ = ["add_text_unit_args", "TextEncoder"]
 
 
@@ -120,9 +122,9 @@ class TextEncoder:
         out = []
         for side, d, lang, default in (
                 ("source", task.source_dictionary, args.moses_source_lang,
-                 getattr(task.cfg, "source_lang", None) if hasattr(task, "cfg") else None),
+                 task_setting(task, "source_lang")),
                 ("target", task.target_dictionary, args.moses_target_lang,
-                 getattr(task.cfg, "target_lang", None) if hasattr(task, "cfg") else None)):
+                 task_setting(task, "target_lang"))):
             tok = None
             if tok_name not in (None, "none"):
                 if tok_name != "moses":

@@ -3,17 +3,33 @@ options that change what a model sees (a checkpoint is translated with the
 values it was trained with), their check before any data is read
 (:func:`validate_context_options`), their command-line form for tools
 that rebuild a checkpoint's command line (:func:`context_option_args`), and
-what the models the task builds may read of them (:func:`options_for_models`,
-the model-task contract of :mod:`ctx_fairseq.data.contract`)."""
+the one context specification built from them (:func:`context_spec`, a
+:class:`~ctx_fairseq.data.contract.ContextSpec`, what every consumer reads).
 
+Two options, two meanings (issue 35): ``--sampled-context-size K`` is the
+training-time size drawn per sentence from 0..K (a memory's window drawn
+likewise); ``--memory-window K`` is the window a document memory reads
+outside training (default: the sampled K it was trained on). The old
+``--sample-context-size K`` meant both; it stays as a deprecated alias that
+sets both (:func:`sampled_context_size`, :func:`memory_window`): in
+fairseq-train the sampled size (and the validation window, as before), in
+fairseq-generate, fairseq-validate and ctx-cxmi the window, where only the
+window has an effect. A checkpoint trained before the split stores only
+``sample_context_size``; the same functions read it, so it loads and scores
+as before (tests/test_context_spec.py, with a checkpoint made by the old code)."""
+
+import logging
 from typing import Any, List, Optional
 
-from ctx_fairseq.data.contract import TaskContextOptions
+from ctx_fairseq.data.contract import ContextSpec
 from ctx_fairseq.data.windows import check_context_sizes
 from ctx_fairseq.errors import InputError
 
 __all__ = ["CONTEXT_OPTIONS", "FLAG_OPTIONS", "validate_context_options",
-           "context_option_args", "context_option_diff", "memory_window", "options_for_models"]
+           "context_option_args", "context_option_diff", "memory_window",
+           "sampled_context_size", "context_spec", "task_setting"]
+
+logger = logging.getLogger(__name__)
 
 #: options that change what a model sees, compared with the checkpoint's
 #: (``DocumentTranslationTask.check_context_options``)
@@ -26,6 +42,31 @@ FLAG_OPTIONS = ("document_memory", "concat_context")
 
 def _get(cfg, name: str, default: Any = None) -> Any:
     return cfg.get(name, default) if hasattr(cfg, "get") else getattr(cfg, name, default)
+
+
+def sampled_context_size(cfg) -> int:
+    """``--sampled-context-size`` K, or the deprecated ``--sample-context-size``
+    (a checkpoint trained before the split stores only that); 0: off."""
+    return int(_get(cfg, "sampled_context_size", 0) or 0) or \
+        int(_get(cfg, "sample_context_size", 0) or 0)
+
+
+def memory_window(cfg) -> Optional[int]:
+    """The window K a document memory reads outside training, 0 for the whole
+    memory: ``--memory-window``, else the sampled K the memory was trained on
+    (``--sampled-context-size``, or the deprecated ``--sample-context-size``);
+    None without a memory, or for a checkpoint older than all three options.
+    It changes what the model sees, as the options of :data:`CONTEXT_OPTIONS`
+    do."""
+    if not _get(cfg, "document_memory", False):
+        return None
+    window = _get(cfg, "memory_window", None)
+    if window is not None:
+        return int(window)
+    if all(_get(cfg, name, None) is None
+           for name in ("sampled_context_size", "sample_context_size")):
+        return None
+    return sampled_context_size(cfg)
 
 
 def validate_context_options(cfg) -> None:
@@ -56,7 +97,27 @@ def validate_context_options(cfg) -> None:
         raise InputError("--length-buckets groups the sentences of document-memory batches "
                          "(--document-memory) by length; other batches are sorted by length "
                          "already")
-    sample = _get(cfg, "sample_context_size", 0)
+    old = int(_get(cfg, "sample_context_size", 0) or 0)
+    new = int(_get(cfg, "sampled_context_size", 0) or 0)
+    if old and new and old != new:
+        raise InputError(f"--sample-context-size {old} and --sampled-context-size {new}: the "
+                         "first is the deprecated name of the second (and of --memory-window); "
+                         "give one")
+    if old:
+        logger.warning(
+            f"--sample-context-size {old} is deprecated: it now stands for "
+            f"--sampled-context-size {old} (training)"
+            + (f" and --memory-window {old} (outside training)" if memory else "")
+            + "; give those (a checkpoint trained before the split of the option is read "
+            "the same way)")
+    window = _get(cfg, "memory_window", None)
+    if window is not None:
+        if int(window) < 0:
+            raise InputError(f"--memory-window must be >= 0 (0: the whole memory), got {window}")
+        if not memory:
+            raise InputError("--memory-window bounds a document memory (--document-memory); "
+                             "for a bounded context use --source-context-size")
+    sample = sampled_context_size(cfg)
     if sample:
         check_context_sizes(sample, None, src_k, tgt_k, _get(cfg, "context_direction", "prev"),
                             document, memory)
@@ -79,7 +140,7 @@ def validate_context_options(cfg) -> None:
 def context_option_args(task_cfg) -> List[str]:
     """A checkpoint's context options (:data:`CONTEXT_OPTIONS`) as command-line
     arguments for fairseq-generate and the analysis tools (flags only when
-    set; a document memory's window, ``--sample-context-size K``, too); empty
+    set; a document memory's window, ``--memory-window K``, too); empty
     without a task configuration."""
     args: List[str] = []
     if task_cfg is None:
@@ -96,20 +157,8 @@ def context_option_args(task_cfg) -> List[str]:
             args += [flag, str(value)]
     window = memory_window(task_cfg)
     if window:
-        args += ["--sample-context-size", str(window)]
+        args += ["--memory-window", str(window)]
     return args
-
-
-def memory_window(cfg) -> Optional[int]:
-    """The window ``K`` a document memory trained on windows ``0..K``
-    (``--sample-context-size`` with ``--document-memory``) reads outside
-    training, 0 for the whole memory; None without a memory or without the
-    option (a checkpoint older than it). It changes what the model sees, as
-    the options of :data:`CONTEXT_OPTIONS` do."""
-    window = _get(cfg, "sample_context_size", None)
-    if not _get(cfg, "document_memory", False) or window is None:
-        return None
-    return int(window)
 
 
 def context_option_diff(trained, cfg) -> List[str]:
@@ -122,30 +171,50 @@ def context_option_diff(trained, cfg) -> List[str]:
         if theirs is not None and str(theirs) != str(ours):
             diff.append(f"--{name.replace('_', '-')} {ours} (trained with {theirs})")
     theirs = memory_window(trained)
-    ours = int(_get(cfg, "sample_context_size", 0) or 0)
+    ours = memory_window(cfg) or 0
     if theirs is not None and theirs != ours:
-        diff.append(f"--sample-context-size {ours} (trained with {theirs}: the window on the "
+        diff.append(f"--memory-window {ours} (trained with {theirs}: the window on the "
                     "document memory)")
     return diff
 
 
-def options_for_models(cfg, src_dict) -> TaskContextOptions:
-    """The task configuration's context options as the models it builds read
-    them (``DocumentTranslationTask.context_options_for_models``), the
-    separator with its index in the source dictionary (None where it is not
-    in it)."""
+def context_spec(cfg, src_dict) -> ContextSpec:
+    """The task configuration's :class:`~ctx_fairseq.data.contract.ContextSpec`,
+    built once (``DocumentTranslationTask.context_spec``): the separator
+    with its index in the source dictionary (None where it is not in it),
+    the two meanings of the deprecated ``--sample-context-size`` resolved
+    (:func:`sampled_context_size`, :func:`memory_window`)."""
     sep = cfg.context_separator or None
     sep_index = None
     if sep:
         idx = src_dict.index(sep)
         sep_index = idx if idx != src_dict.unk() else None
-    return TaskContextOptions(
+    return ContextSpec(
         source_context_size=int(cfg.source_context_size),
         target_context_size=int(cfg.target_context_size),
         context_direction=str(cfg.context_direction),
         document_context=str(cfg.document_context or "none"),
         document_memory=bool(cfg.document_memory),
         memory_precomputed=bool(cfg.memory_precomputed),
+        memory_window=memory_window(cfg),
+        ablation=str(cfg.context_ablation or "none"),
+        sampled_context_size=sampled_context_size(cfg),
+        context_dropout=float(cfg.context_dropout or 0.0),
+        coword_dropout=float(cfg.coword_dropout or 0.0),
+        seed=int(cfg.seed),
+        document_batching=bool(cfg.document_batching),
         length_buckets=int(cfg.length_buckets or 1),
         left_pad_source=bool(cfg.left_pad_source), left_pad_target=bool(cfg.left_pad_target),
-        context_separator=sep, context_separator_index=sep_index)
+        context_separator=sep, context_separator_index=sep_index,
+        concat_context=bool(cfg.concat_context), concat_break=str(cfg.concat_break))
+
+
+def task_setting(task, name: str, default: Any = None) -> Any:
+    """A setting of ``task``'s configuration that is not a context setting
+    (the language pair, the task's name, an override checked after a
+    checkpoint is restored); ``default`` where the task has none. Context
+    settings are read from the task's :class:`~ctx_fairseq.data.contract.ContextSpec`
+    (``task_options(task)``): eval/ and cli/ never read ``task.cfg``, and
+    ``tests/test_contract.py`` refuses a context option named here."""
+    cfg = getattr(task, "cfg", None)
+    return default if cfg is None else _get(cfg, name, default)

@@ -109,6 +109,7 @@ is built for a new run only; when fairseq will restore a checkpoint
 ``--finetune-from-model``), the initialisation is skipped and not re-read.
 """
 
+import dataclasses
 import logging
 import os
 from collections import deque
@@ -127,9 +128,9 @@ from omegaconf import II
 
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.concat_dataset import ConcatContextDataset, concat_limits, strip_prefix
-from ctx_fairseq.data.contract import TaskContextOptions, model_contract
+from ctx_fairseq.data.conditions import ABLATIONS
+from ctx_fairseq.data.contract import ContextSpec, model_contract
 from ctx_fairseq.data.document_dataset import (
-    ABLATIONS,
     DIRECTIONS,
     DOCUMENT_CONTEXTS,
     DocumentContextDataset,
@@ -142,7 +143,7 @@ from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.context_options import (
     CONTEXT_OPTIONS,
     context_option_diff,
-    options_for_models,
+    context_spec,
     validate_context_options,
 )
 from ctx_fairseq.tasks.generation import (
@@ -179,13 +180,23 @@ class DocumentTranslationConfig(TranslationConfig):
                                        "source sentence by <unk> with this probability (CoWord "
                                        "dropout; "
                                        "never </s>)"})
-    sample_context_size: int = field(
+    sampled_context_size: int = field(
         default=0, metadata={"help": "training: per sentence and epoch, keep only the k nearest "
                                      "previous context sentences, k drawn uniformly from 0..K "
                                      "(K this value, at most the context size; 0: off), so "
                                      "that one model is in distribution at every context size "
                                      "from none to K (Fernandes et al. 2021, contextual-mt's "
-                                     "--sample-context-size)"})
+                                     "--sample-context-size); with --document-memory, a window "
+                                     "drawn from 0..K"})
+    memory_window: Optional[int] = field(
+        default=None, metadata={"help": "outside training (validation, generation, scoring): a "
+                                        "document memory shows each sentence the memory "
+                                        "sentences at most K positions away (0: the whole "
+                                        "memory; default: the --sampled-context-size K it was "
+                                        "trained on, else the whole memory)"})
+    sample_context_size: int = field(
+        default=0, metadata={"help": "deprecated: sets --sampled-context-size and, with "
+                                     "--document-memory, --memory-window"})
     document_context: ChoiceEnum(list(DOCUMENT_CONTEXTS)) = field(
         default="none", metadata={"help": "whole-document context: online (all previous "
                                           "sentences) or offline (all other sentences); implies "
@@ -292,6 +303,9 @@ class DocumentTranslationTask(TranslationTask):
         #: the context layout of the models built (``set_context_layout``)
         self.context_layout: Dict[str, str] = normalise_context_layout(None)
         self._check_options()  # (bad options raise InputError: one line, errors.py)
+        #: the one context specification, built once from the options: what
+        #: the datasets, the models' builders, generation and the tools read
+        self.context_spec: ContextSpec = context_spec(self.cfg, self.src_dict)
 
     def _check_options(self) -> None:
         """The task's options, checked before any data is read: the declared
@@ -306,13 +320,7 @@ class DocumentTranslationTask(TranslationTask):
 
     @property
     def uses_context(self) -> bool:
-        return (self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0
-                or bool(self.cfg.document_memory))
-
-    def context_options_for_models(self) -> TaskContextOptions:
-        """The context options the models this task builds may read
-        (:func:`ctx_fairseq.data.contract.task_options`)."""
-        return options_for_models(self.cfg, self.source_dictionary)
+        return self.context_spec.uses_context
 
     def context_keys(self) -> List[str]:
         """The ``net_input`` keys this task's batches carry context in."""
@@ -352,39 +360,24 @@ class DocumentTranslationTask(TranslationTask):
         (``generation``: targets without their context, which becomes the
         decoder's prefix; ``training``: the split fairseq-train trains on,
         the only one with ``--context-dropout`` / ``--coword-dropout`` /
-        ``--sample-context-size``; ``condition``: the context a scorer asks
+        ``--sampled-context-size``; ``condition``: the context a scorer asks
         for, :class:`~ctx_fairseq.data.conditions.ContextCondition`, in place
         of ``--context-ablation``; see :meth:`condition_dataset`)."""
         c = self.cfg
-        whole = bool(c.document_memory) or c.document_context != "none"
-        given = {"ablation": c.context_ablation, "context_size": None,
-                 "isolate_sentences": False}
+        spec = self.context_spec
         if condition is not None:
-            given = condition.dataset_args(whole, bool(c.document_memory))
-        if c.document_memory and c.sample_context_size and not training and \
-                given["context_size"] is None and not given["isolate_sentences"]:
-            # a memory trained on windows 0..K reads K outside training (validation,
-            # generation, scoring), never the distances it was not trained on
-            given = dict(given, context_size=int(c.sample_context_size))
+            spec = condition.apply(spec)
+        spec = spec.for_split(training)
+        if generation and c.own_target_context:
+            spec = dataclasses.replace(spec, document_batching=True)
         limits = {"src": c.max_source_positions, "tgt": c.max_target_positions}
         if c.concat_context:
             limits = concat_limits(base, c.max_source_positions, c.max_target_positions,
                                    generation)
         inner = DocumentContextDataset(
-            base, doc_ids, src_context_size=c.source_context_size,
-            tgt_context_size=c.target_context_size, direction=c.context_direction,
-            ablation=given["ablation"], seed=c.seed, document_context=c.document_context,
-            document_batching=c.document_batching or (generation and c.own_target_context),
-            separator=self._separator(), tgt_context=tgt_context,
-            max_src_context_tokens=limits["src"], max_tgt_context_tokens=limits["tgt"],
-            docids_path=docids_path, document_memory=c.document_memory,
-            memory_precomputed=c.memory_precomputed,
-            context_layout=None if c.concat_context else self.context_layout,
-            context_dropout=c.context_dropout if training else 0.0,
-            coword_dropout=c.coword_dropout if training else 0.0,
-            sample_context_size=c.sample_context_size if training else 0,
-            context_size=given["context_size"], length_buckets=c.length_buckets,
-            isolate_sentences=given["isolate_sentences"])
+            base, doc_ids, spec, separator=self._separator(), tgt_context=tgt_context,
+            max_context_tokens=limits, docids_path=docids_path,
+            context_layout=None if c.concat_context else self.context_layout)
         if c.concat_context:
             return ConcatContextDataset(inner, self._separator(), generation=generation)
         return inner
@@ -464,12 +457,13 @@ class DocumentTranslationTask(TranslationTask):
                     f"{self.cfg.target_context_size}, direction {self.cfg.context_direction}, "
                     f"document context {self.cfg.document_context}, ablation "
                     f"{self.cfg.context_ablation}")
-        if training and (self.cfg.context_dropout or self.cfg.coword_dropout
-                         or self.cfg.sample_context_size):
-            logger.info(f"{split}: context dropout {self.cfg.context_dropout}, CoWord dropout "
-                        f"{self.cfg.coword_dropout}, sampled context size 0.."
-                        f"{self.cfg.sample_context_size} (drawn per sentence and epoch from --seed "
-                        f"{self.cfg.seed}; this split only)")
+        spec = self.context_spec
+        if training and (spec.context_dropout or spec.coword_dropout
+                         or spec.sampled_context_size):
+            logger.info(f"{split}: context dropout {spec.context_dropout}, CoWord dropout "
+                        f"{spec.coword_dropout}, sampled context size 0.."
+                        f"{spec.sampled_context_size} (drawn per sentence and epoch from --seed "
+                        f"{spec.seed}; this split only)")
         self._log_truncation(split, ds)
 
     #: options that change what a model sees, compared with the checkpoint's

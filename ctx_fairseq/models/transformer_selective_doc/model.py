@@ -12,7 +12,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import base_architecture
 from torch import Tensor
 
-from ctx_fairseq.data.contract import ContextContract, TaskContextOptions, task_options
+from ctx_fairseq.data.contract import ContextContract, ContextSpec, task_options
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.models._fairseq_utils import (
     encode_and_decode,
@@ -134,7 +134,7 @@ class TransformerSelectiveDocModel(TransformerModel):
                 "--length-buckets needs --context-memory frozen: a shared memory is encoded "
                 "together with the batch's sources in one call, which the length groups would "
                 "split. Use --context-memory frozen or drop --length-buckets")
-        defaults = options if options is not None else TaskContextOptions()
+        defaults = options if options is not None else ContextSpec()
         args.left_pad_source = defaults.left_pad_source
         args.left_pad_target = defaults.left_pad_target
         if args.context_integration == "decoder" and options is not None and \
