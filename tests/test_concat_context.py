@@ -649,13 +649,17 @@ def test_own_target_context_work_is_linear_in_the_document(concat, monkeypatch):
     import ctx_fairseq.data.concat_dataset as concat_mod
     import ctx_fairseq.data.document_dataset as dd
     import ctx_fairseq.data.windows as windows_mod
+    import ctx_fairseq.tasks.document_datasets as datasets_mod
+    import ctx_fairseq.tasks.document_generation as dispatch_mod
     import ctx_fairseq.tasks.document_translation as task_mod
     import ctx_fairseq.tasks.generation as generation_mod
 
     # (the task's and the dataset's modules: the generation helpers and the
-    # windows and batching they use live in modules of their own since issue 26)
+    # windows and batching they use live in modules of their own since issue 26;
+    # the task's dataset assembly and generation dispatch since issue 35)
     files = {os.path.abspath(m.__file__) for m in (dd, concat_mod, task_mod, generation_mod,
-                                                    windows_mod, batching_mod)}
+                                                    windows_mod, batching_mod, datasets_mod,
+                                                    dispatch_mod)}
     largest = []
     real_cut = dd.truncate_windows
 

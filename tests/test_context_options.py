@@ -13,7 +13,7 @@ from ctx_fairseq.tasks.context_options import (
     context_option_args,
     validate_context_options,
 )
-from ctx_fairseq.tasks.document_translation import DocumentTranslationConfig
+from ctx_fairseq.tasks.document_config import DocumentTranslationConfig
 
 
 def _cfg(**kw):

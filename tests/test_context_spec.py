@@ -153,7 +153,7 @@ def test_a_checkpoint_from_before_the_split_scores_bit_for_bit(name, new_argv, o
 def test_the_old_checkpoints_task_reads_as_the_new_spec():
     import torch
 
-    from ctx_fairseq.tasks.context_options import memory_window, sampled_context_size
+    from ctx_fairseq.data.contract import memory_window, sampled_context_size
 
     for name, window in (("ctx_aware", None), ("selective", 2)):
         state = torch.load(os.path.join(LEGACY, f"{name}.pt"), weights_only=True)

@@ -296,9 +296,10 @@ def test_analysis_uses_reference_target_context_only_when_asked(context_ckpt, to
     caa.generate(ckpt, toy_bin, gold_target_context=True)
     assert [a.gold_target_context for a in seen] == [False, True]
 
-    class _T:
-        class cfg:
-            target_context_size = 1
+    from ctx_fairseq.data.contract import ContextSpec
+
+    class _T:  # what the analysis reads of a task: its context specification
+        context_spec = ContextSpec(target_context_size=1)
 
     with pytest.raises(ValueError, match="--gold-target-context"):
         caa.check_target_context(_T, False, "contrastive scoring")

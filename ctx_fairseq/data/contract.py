@@ -32,7 +32,7 @@ The keys a model declares are checked against its ``forward`` by
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from fairseq.tasks import FairseqTask
 
@@ -177,6 +177,39 @@ class ContextSpec:
     #: ``--concat-break``: the symbol that ends each prepended sentence
     concat_break: str = "<brk>"
 
+    @classmethod
+    def from_task_config(cls, cfg, src_dict) -> "ContextSpec":
+        """The document task configuration's spec, built once
+        (``DocumentTranslationTask.context_spec``; the options are checked
+        before, ``tasks/context_options.py::validate_context_options``): the
+        separator with its index in the source dictionary (None where it is
+        not in it), the two meanings of the deprecated
+        ``--sample-context-size`` resolved (:func:`sampled_context_size`,
+        :func:`memory_window`). The one place a configuration is read."""
+        sep = cfg.context_separator or None
+        sep_index = None
+        if sep:
+            idx = src_dict.index(sep)
+            sep_index = idx if idx != src_dict.unk() else None
+        return cls(
+            source_context_size=int(cfg.source_context_size),
+            target_context_size=int(cfg.target_context_size),
+            context_direction=str(cfg.context_direction),
+            document_context=str(cfg.document_context or "none"),
+            document_memory=bool(cfg.document_memory),
+            memory_precomputed=bool(cfg.memory_precomputed),
+            memory_window=memory_window(cfg),
+            ablation=str(cfg.context_ablation or "none"),
+            sampled_context_size=sampled_context_size(cfg),
+            context_dropout=float(cfg.context_dropout or 0.0),
+            coword_dropout=float(cfg.coword_dropout or 0.0),
+            seed=int(cfg.seed),
+            document_batching=bool(cfg.document_batching),
+            length_buckets=int(cfg.length_buckets or 1),
+            left_pad_source=bool(cfg.left_pad_source), left_pad_target=bool(cfg.left_pad_target),
+            context_separator=sep, context_separator_index=sep_index,
+            concat_context=bool(cfg.concat_context), concat_break=str(cfg.concat_break))
+
     @property
     def whole_document(self) -> bool:
         """A whole-document context (``--document-context online|offline``)."""
@@ -207,6 +240,35 @@ class ContextSpec:
                 and not self.isolate_sentences:
             return int(self.memory_window)
         return None
+
+
+def _cfg_get(cfg, name: str, default: Any = None) -> Any:
+    return cfg.get(name, default) if hasattr(cfg, "get") else getattr(cfg, name, default)
+
+
+def sampled_context_size(cfg) -> int:
+    """``--sampled-context-size`` K, or the deprecated ``--sample-context-size``
+    (a checkpoint trained before the split stores only that); 0: off."""
+    return int(_cfg_get(cfg, "sampled_context_size", 0) or 0) or \
+        int(_cfg_get(cfg, "sample_context_size", 0) or 0)
+
+
+def memory_window(cfg) -> Optional[int]:
+    """The window K a document memory reads outside training, 0 for the whole
+    memory: ``--memory-window``, else the sampled K the memory was trained on
+    (``--sampled-context-size``, or the deprecated ``--sample-context-size``);
+    None without a memory, or for a checkpoint older than all three options.
+    It changes what the model sees, as the options of :data:`CONTEXT_OPTIONS`
+    do."""
+    if not _cfg_get(cfg, "document_memory", False):
+        return None
+    window = _cfg_get(cfg, "memory_window", None)
+    if window is not None:
+        return int(window)
+    if all(_cfg_get(cfg, name, None) is None
+           for name in ("sampled_context_size", "sample_context_size")):
+        return None
+    return sampled_context_size(cfg)
 
 
 def sentence_level() -> ContextSpec:

@@ -3,15 +3,17 @@ options that change what a model sees (a checkpoint is translated with the
 values it was trained with), their check before any data is read
 (:func:`validate_context_options`), their command-line form for tools
 that rebuild a checkpoint's command line (:func:`context_option_args`), and
-the one context specification built from them (:func:`context_spec`, a
-:class:`~ctx_fairseq.data.contract.ContextSpec`, what every consumer reads).
+the one context specification is built from them by
+:meth:`ctx_fairseq.data.contract.ContextSpec.from_task_config` (what every
+consumer reads).
 
 Two options, two meanings (issue 35): ``--sampled-context-size K`` is the
 training-time size drawn per sentence from 0..K (a memory's window drawn
 likewise); ``--memory-window K`` is the window a document memory reads
 outside training (default: the sampled K it was trained on). The old
 ``--sample-context-size K`` meant both; it stays as a deprecated alias that
-sets both (:func:`sampled_context_size`, :func:`memory_window`): in
+sets both (:func:`~ctx_fairseq.data.contract.sampled_context_size`,
+:func:`~ctx_fairseq.data.contract.memory_window`): in
 fairseq-train the sampled size (and the validation window, as before), in
 fairseq-generate, fairseq-validate and ctx-cxmi the window, where only the
 window has an effect. A checkpoint trained before the split stores only
@@ -19,15 +21,14 @@ window has an effect. A checkpoint trained before the split stores only
 as before (tests/test_context_spec.py, with a checkpoint made by the old code)."""
 
 import logging
-from typing import Any, List, Optional
+from typing import Any, List
 
-from ctx_fairseq.data.contract import ContextSpec
+from ctx_fairseq.data.contract import memory_window, sampled_context_size
 from ctx_fairseq.data.windows import check_context_sizes
 from ctx_fairseq.errors import InputError
 
 __all__ = ["CONTEXT_OPTIONS", "FLAG_OPTIONS", "validate_context_options",
-           "context_option_args", "context_option_diff", "memory_window",
-           "sampled_context_size", "context_spec", "task_setting"]
+           "context_option_args", "context_option_diff", "task_setting"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,31 +43,6 @@ FLAG_OPTIONS = ("document_memory", "concat_context")
 
 def _get(cfg, name: str, default: Any = None) -> Any:
     return cfg.get(name, default) if hasattr(cfg, "get") else getattr(cfg, name, default)
-
-
-def sampled_context_size(cfg) -> int:
-    """``--sampled-context-size`` K, or the deprecated ``--sample-context-size``
-    (a checkpoint trained before the split stores only that); 0: off."""
-    return int(_get(cfg, "sampled_context_size", 0) or 0) or \
-        int(_get(cfg, "sample_context_size", 0) or 0)
-
-
-def memory_window(cfg) -> Optional[int]:
-    """The window K a document memory reads outside training, 0 for the whole
-    memory: ``--memory-window``, else the sampled K the memory was trained on
-    (``--sampled-context-size``, or the deprecated ``--sample-context-size``);
-    None without a memory, or for a checkpoint older than all three options.
-    It changes what the model sees, as the options of :data:`CONTEXT_OPTIONS`
-    do."""
-    if not _get(cfg, "document_memory", False):
-        return None
-    window = _get(cfg, "memory_window", None)
-    if window is not None:
-        return int(window)
-    if all(_get(cfg, name, None) is None
-           for name in ("sampled_context_size", "sample_context_size")):
-        return None
-    return sampled_context_size(cfg)
 
 
 def validate_context_options(cfg) -> None:
@@ -176,37 +152,6 @@ def context_option_diff(trained, cfg) -> List[str]:
         diff.append(f"--memory-window {ours} (trained with {theirs}: the window on the "
                     "document memory)")
     return diff
-
-
-def context_spec(cfg, src_dict) -> ContextSpec:
-    """The task configuration's :class:`~ctx_fairseq.data.contract.ContextSpec`,
-    built once (``DocumentTranslationTask.context_spec``): the separator
-    with its index in the source dictionary (None where it is not in it),
-    the two meanings of the deprecated ``--sample-context-size`` resolved
-    (:func:`sampled_context_size`, :func:`memory_window`)."""
-    sep = cfg.context_separator or None
-    sep_index = None
-    if sep:
-        idx = src_dict.index(sep)
-        sep_index = idx if idx != src_dict.unk() else None
-    return ContextSpec(
-        source_context_size=int(cfg.source_context_size),
-        target_context_size=int(cfg.target_context_size),
-        context_direction=str(cfg.context_direction),
-        document_context=str(cfg.document_context or "none"),
-        document_memory=bool(cfg.document_memory),
-        memory_precomputed=bool(cfg.memory_precomputed),
-        memory_window=memory_window(cfg),
-        ablation=str(cfg.context_ablation or "none"),
-        sampled_context_size=sampled_context_size(cfg),
-        context_dropout=float(cfg.context_dropout or 0.0),
-        coword_dropout=float(cfg.coword_dropout or 0.0),
-        seed=int(cfg.seed),
-        document_batching=bool(cfg.document_batching),
-        length_buckets=int(cfg.length_buckets or 1),
-        left_pad_source=bool(cfg.left_pad_source), left_pad_target=bool(cfg.left_pad_target),
-        context_separator=sep, context_separator_index=sep_index,
-        concat_context=bool(cfg.concat_context), concat_break=str(cfg.concat_break))
 
 
 def task_setting(task, name: str, default: Any = None) -> Any:

@@ -8,6 +8,13 @@ which adds the context sentences to ``net_input`` (``src_ctx_tokens``,
 ``src_ctx_lengths``, ``tgt_ctx_tokens``, ``tgt_ctx_lengths``). See
 ``docs/document_translation.md``.
 
+The task in four modules: its options (``tasks/document_config.py``), the
+context specification it builds once from them (``task.context_spec``,
+:class:`~ctx_fairseq.data.contract.ContextSpec`), its dataset assembly
+(``tasks/document_datasets.py``) and its generation dispatch
+(``tasks/document_generation.py``); this module holds the task itself
+(model negotiation, batch iterators, checkpoints).
+
 Options (besides those of ``translation``):
 
 ``--source-context-size N`` / ``--target-context-size N``
@@ -19,13 +26,17 @@ Options (besides those of ``translation``):
     random document position, or random tokens (deterministic for ``--seed``).
     With ``--document-memory``: another document's memory, or memory
     sentences of random tokens.
-``--sample-context-size K``
+``--sampled-context-size K``
     training only (Fernandes et al. 2021; contextual-mt's option of that
     name): per sentence and epoch only its ``k`` nearest previous context
     sentences are kept, ``k`` uniform on ``0..K``, one draw for both sides
     (:meth:`DocumentContextDataset.context_cap`), so that the empty context
-    of CXMI and every size up to ``K`` are in distribution. Bounded context
-    of previous sentences only (not a document memory).
+    of CXMI and every size up to ``K`` are in distribution. With a document
+    memory, a window drawn from ``0..K``.
+``--memory-window K``
+    outside training, a document memory's window (default: the sampled
+    ``K``, else the whole memory). ``--sample-context-size K`` is the
+    deprecated name of both (``tasks/context_options.py``).
 ``--context-dropout P`` / ``--coword-dropout P``
     training only. Context dropout (this repository's option; the same as the
     sampled size only for one context sentence and ``P = 0.5``): each
@@ -109,183 +120,44 @@ is built for a new run only; when fairseq will restore a checkpoint
 ``--finetune-from-model``), the initialisation is skipped and not re-read.
 """
 
-import dataclasses
 import logging
 import os
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 import torch
-from fairseq import utils
-from fairseq.data import LanguagePairDataset, data_utils
-from fairseq.dataclass import ChoiceEnum
+from fairseq.data import data_utils
 from fairseq.tasks import register_task
-from fairseq.tasks.translation import TranslationConfig, TranslationTask
-from omegaconf import II
+from fairseq.tasks.translation import TranslationTask
 
-from ctx_fairseq.data.conditions import ContextCondition
-from ctx_fairseq.data.concat_dataset import ConcatContextDataset, concat_limits, strip_prefix
-from ctx_fairseq.data.conditions import ABLATIONS
+from ctx_fairseq.data.concat_dataset import ConcatContextDataset
 from ctx_fairseq.data.contract import ContextSpec, model_contract
 from ctx_fairseq.data.document_dataset import (
-    DIRECTIONS,
-    DOCUMENT_CONTEXTS,
     DocumentContextDataset,
     DocumentShardedEpochBatchIterator,
     merge_context_layouts,
     normalise_context_layout,
-    read_docids,
 )
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.context_options import (
     CONTEXT_OPTIONS,
-    context_option_diff,
-    context_spec,
     validate_context_options,
 )
 from ctx_fairseq.tasks.generation import (
-    ForcedPrefixes,
     OwnTargetContextState,
-    batch_device,
-    best_tokens_on_cpu,
-    to_device,
 )
 from ctx_fairseq.tasks.interactive import InteractiveDocumentState, InteractiveDocumentView
+from ctx_fairseq.tasks.document_config import DocumentTranslationConfig
+from ctx_fairseq.tasks.document_datasets import DocumentDatasetsMixin
+from ctx_fairseq.tasks.document_generation import DocumentGenerationMixin
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class DocumentTranslationConfig(TranslationConfig):
-    source_context_size: int = field(
-        default=1, metadata={"help": "source context sentences per direction (0: none)"})
-    target_context_size: int = field(
-        default=0, metadata={"help": "target context sentences per direction (0: none)"})
-    context_direction: ChoiceEnum(list(DIRECTIONS)) = field(
-        default="prev", metadata={"help": "context before (prev), after (next) or both"})
-    context_ablation: ChoiceEnum(list(ABLATIONS)) = field(
-        default="none", metadata={"help": "shuffled: context of another, random document "
-                                          "position; random: random tokens (for checking that a "
-                                          "model uses real context)"})
-    context_dropout: float = field(
-        default=0.0, metadata={"help": "training: drop the whole context of a sentence with this "
-                                       "probability (it gets the empty context of a document's "
-                                       "first sentence; with --document-memory, no memory), so "
-                                       "that one model serves with and without context"})
-    coword_dropout: float = field(
-        default=0.0, metadata={"help": "training: replace each token (BPE unit) of the current "
-                                       "source sentence by <unk> with this probability (CoWord "
-                                       "dropout; "
-                                       "never </s>)"})
-    sampled_context_size: int = field(
-        default=0, metadata={"help": "training: per sentence and epoch, keep only the k nearest "
-                                     "previous context sentences, k drawn uniformly from 0..K "
-                                     "(K this value, at most the context size; 0: off), so "
-                                     "that one model is in distribution at every context size "
-                                     "from none to K (Fernandes et al. 2021, contextual-mt's "
-                                     "--sample-context-size); with --document-memory, a window "
-                                     "drawn from 0..K"})
-    memory_window: Optional[int] = field(
-        default=None, metadata={"help": "outside training (validation, generation, scoring): a "
-                                        "document memory shows each sentence the memory "
-                                        "sentences at most K positions away (0: the whole "
-                                        "memory; default: the --sampled-context-size K it was "
-                                        "trained on, else the whole memory)"})
-    sample_context_size: int = field(
-        default=0, metadata={"help": "deprecated: sets --sampled-context-size and, with "
-                                     "--document-memory, --memory-window"})
-    document_context: ChoiceEnum(list(DOCUMENT_CONTEXTS)) = field(
-        default="none", metadata={"help": "whole-document context: online (all previous "
-                                          "sentences) or offline (all other sentences); implies "
-                                          "--document-batching"})
-    document_memory: bool = field(
-        default=False, metadata={"help": "with --document-context: batches carry the document "
-                                         "memory (every sentence of the batch's documents that "
-                                         "a sentence may see, each once: mem_src_tokens, ...) "
-                                         "instead of per-sentence context; for whole-document "
-                                         "models such as transformer_selective_doc"})
-    memory_precomputed: bool = field(
-        default=False, metadata={"help": "with --document-memory: the model reads the memory "
-                                         "from a cache of a frozen model (transformer_selective_doc "
-                                         "--context-memory frozen), so batch sizes count only the "
-                                         "sentences encoded with gradients"})
-    document_batching: bool = field(
-        default=False, metadata={"help": "batches of whole documents (or chunks of documents "
-                                         "that exceed --max-tokens); shards keep documents whole"})
-    length_buckets: int = field(
-        default=1, metadata={"help": "with --document-memory: the collater groups a batch's "
-                                     "sentences into at most N groups of similar length, and "
-                                     "transformer_selective_doc runs its sentence-level layers "
-                                     "per group, each padded to its own longest sentence (a "
-                                     "document batch is padded to its longest: on TVsub about "
-                                     "2.2 times the real tokens). The results are the same to "
-                                     "rounding; on the CPU 4 trains 1.3 times as fast as 1 (the "
-                                     "values measured: docs/transformer_selective_doc.md); on "
-                                     "a GPU each group adds host synchronisations. 1: one "
-                                     "group"})
-    context_separator: str = field(
-        default="</s>", metadata={"help": "symbol that ends each context sentence"})
-    gold_target_context: bool = field(
-        default=False, metadata={"help": "generation: target context from the references"})
-    target_context_file: Optional[str] = field(
-        default=None, metadata={"help": "generation: target context from this file of "
-                                        "hypotheses (one per line, corpus order)"})
-    concat_context: bool = field(
-        default=False, metadata={"help": "concatenation baseline: prepend the context sentences "
-                                         "to the source (and, with --target-context-size, to the "
-                                         "target), each ended by --concat-break; any "
-                                         "sentence-level architecture"})
-    concat_break: str = field(
-        default="<brk>", metadata={"help": "--concat-context: the symbol ending each context "
-                                           "sentence (added to the dictionaries if missing)"})
-    concat_context_loss_weight: float = field(
-        default=1.0, metadata={"help": "--concat-context with target context: weight of the "
-                                       "target context tokens in the loss (needs --criterion "
-                                       "label_smoothed_cross_entropy_ctx unless 1)"})
-    own_target_context: bool = field(
-        default=False, metadata={"help": "generation: target context from the model's own "
-                                         "translations of the previous sentences, in document "
-                                         "order"})
-    allow_context_change: bool = field(
-        default=False, metadata={"help": "generation: allow context options other than those "
-                                         "the checkpoint was trained with (an experiment)"})
-    seed: int = II("common.seed")
-    gen_subset: str = II("dataset.gen_subset")
-    save_dir: str = II("checkpoint.save_dir")
-    restore_file: str = II("checkpoint.restore_file")
-    checkpoint_suffix: str = II("checkpoint.checkpoint_suffix")
-    finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
-    continue_once: Optional[str] = II("checkpoint.continue_once")
-
-
-def _symbol_index(dictionary, symbol: str, which: str) -> int:
-    idx = dictionary.index(symbol)
-    if idx == dictionary.unk() and symbol != dictionary.unk_word:
-        raise InputError(f"--context-separator {symbol!r} is not in the {which} dictionary; "
-                         "use a symbol of the dictionary (default </s>)")
-    return idx
-
-
-def read_target_context_file(path: str, dictionary, expected: int) -> List[torch.Tensor]:
-    """Hypotheses of an earlier pass, one per line in corpus order."""
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            lines = [line.rstrip("\r\n") for line in f]
-    except OSError as err:
-        raise InputError(f"--target-context-file {path}: cannot read it ({err.strerror or err})") \
-            from err
-    if len(lines) != expected:
-        raise InputError(f"--target-context-file {path}: {len(lines)} lines for {expected} "
-                         "sentences; expected one hypothesis per sentence, in corpus order")
-    return [dictionary.encode_line(line, add_if_not_exist=False, append_eos=True).long()
-            for line in lines]
-
-
 @register_task("document_translation", dataclass=DocumentTranslationConfig)
-class DocumentTranslationTask(TranslationTask):
+class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, TranslationTask):
     """Translation with document structure and context sentences in
     ``net_input`` (see the module docstring)."""
 
@@ -305,7 +177,7 @@ class DocumentTranslationTask(TranslationTask):
         self._check_options()  # (bad options raise InputError: one line, errors.py)
         #: the one context specification, built once from the options: what
         #: the datasets, the models' builders, generation and the tools read
-        self.context_spec: ContextSpec = context_spec(self.cfg, self.src_dict)
+        self.context_spec = ContextSpec.from_task_config(self.cfg, self.src_dict)
 
     def _check_options(self) -> None:
         """The task's options, checked before any data is read: the declared
@@ -335,374 +207,8 @@ class DocumentTranslationTask(TranslationTask):
             keys.append("tgt_ctx_tokens")
         return keys
 
-    def _data_path(self, split: str, epoch: int) -> str:
-        paths = utils.split_paths(self.cfg.data)
-        if split != self.cfg.train_subset:
-            paths = paths[:1]
-        return paths[(epoch - 1) % len(paths)]
-
-    def _separator(self) -> int:
-        if self.cfg.concat_context:
-            return self.src_dict.index(self.cfg.concat_break)
-        sep = _symbol_index(self.src_dict, self.cfg.context_separator, "source")
-        if self.cfg.target_context_size > 0:
-            tsep = _symbol_index(self.tgt_dict, self.cfg.context_separator, "target")
-            if tsep != sep:
-                raise InputError(f"--context-separator {self.cfg.context_separator!r} has "
-                                 "different indices in the source and target dictionaries")
-        return sep
-
-    def wrap(self, base, doc_ids: Sequence[str], docids_path: str,
-             tgt_context: Optional[Sequence] = None, generation: bool = False,
-             training: bool = False, condition: Optional[ContextCondition] = None):
-        """The split's dataset with context: a ``DocumentContextDataset``, or
-        with ``--concat-context`` a ``ConcatContextDataset`` over one
-        (``generation``: targets without their context, which becomes the
-        decoder's prefix; ``training``: the split fairseq-train trains on,
-        the only one with ``--context-dropout`` / ``--coword-dropout`` /
-        ``--sampled-context-size``; ``condition``: the context a scorer asks
-        for, :class:`~ctx_fairseq.data.conditions.ContextCondition`, in place
-        of ``--context-ablation``; see :meth:`condition_dataset`)."""
-        c = self.cfg
-        spec = self.context_spec
-        if condition is not None:
-            spec = condition.apply(spec)
-        spec = spec.for_split(training)
-        if generation and c.own_target_context:
-            spec = dataclasses.replace(spec, document_batching=True)
-        limits = {"src": c.max_source_positions, "tgt": c.max_target_positions}
-        if c.concat_context:
-            limits = concat_limits(base, c.max_source_positions, c.max_target_positions,
-                                   generation)
-        inner = DocumentContextDataset(
-            base, doc_ids, spec, separator=self._separator(), tgt_context=tgt_context,
-            max_context_tokens=limits, docids_path=docids_path,
-            context_layout=None if c.concat_context else self.context_layout)
-        if c.concat_context:
-            return ConcatContextDataset(inner, self._separator(), generation=generation)
-        return inner
-
-    def condition_dataset(self, split: str, condition: ContextCondition):
-        """Split ``split`` (loaded if it is not) under a context condition:
-        ``true``, ``none``, a size N, ``shuffled`` or ``random``
-        (:mod:`ctx_fairseq.data.conditions`), built as scoring builds a split
-        (no dropout, targets with their context, target context from the
-        references). The one way ctx-cxmi (and any scorer) gets a condition:
-        the task's options are left as they are."""
-        if self.cfg.target_context_file or self.cfg.own_target_context:
-            raise InputError("a context condition takes the target context from the "
-                             "references; --target-context-file / --own-target-context would "
-                             "be replaced by them: leave them out to score conditions")
-        if split not in self.datasets:
-            self.load_dataset(split)
-        ds = getattr(self.datasets[split], "inner", self.datasets[split])
-        return self.wrap(ds.base, ds.doc_ids, ds.docids_path, condition=condition)
-
-    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
-        tgt_file = self.cfg.target_context_file
-        if tgt_file and (split != self.cfg.gen_subset or split == self.cfg.train_subset):
-            raise InputError(
-                f"--target-context-file {tgt_file} is for generation only (it applies to "
-                f"--gen-subset {self.cfg.gen_subset}), but split {split!r} is being loaded; "
-                "training and validation take target context from the references")
-        if tgt_file and self.cfg.gold_target_context:
-            raise InputError("--gold-target-context and --target-context-file both given; "
-                             "choose one source of target context")
-        if tgt_file and self.cfg.target_context_size <= 0:
-            raise InputError(f"--target-context-file {tgt_file} given, but "
-                             "--target-context-size is 0: the file would not be used")
-        generating = kwargs.get("task_cfg") is not None  # fairseq-generate
-        if generating:  # the checkpoint's task
-            self.check_context_options(kwargs["task_cfg"])
-        if self.cfg.own_target_context:
-            if not generating or split != self.cfg.gen_subset:
-                raise InputError("--own-target-context is for fairseq-generate (the model's own "
-                                 "translations as target context); training and validation take "
-                                 "target context from the references")
-            if self.cfg.target_context_size <= 0:
-                raise InputError("--own-target-context given, but --target-context-size is 0")
-            if tgt_file or self.cfg.gold_target_context:
-                raise InputError("--own-target-context, --gold-target-context and "
-                                 "--target-context-file: choose one source of target context")
-            if self.cfg.document_context == "offline" or (
-                    self.cfg.document_context == "none" and self.cfg.context_direction != "prev"):
-                raise InputError("--own-target-context: the model's own translations exist for "
-                                 "previous sentences only (--context-direction prev or "
-                                 "--document-context online); following sentences would get "
-                                 "empty target context")
-            if self.cfg.context_ablation != "none":
-                raise InputError("--own-target-context with --context-ablation: the wrong "
-                                 "context would come from documents not translated yet; "
-                                 "translate once, then use --target-context-file with the "
-                                 "ablation")
-        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
-        base = self.datasets[split]
-        path = os.path.join(self._data_path(split, epoch), f"{split}.docids")
-        doc_ids = read_docids(path, expected=len(base))
-        tgt_context = None
-        if self.cfg.target_context_size > 0 and tgt_file:
-            tgt_context = read_target_context_file(tgt_file, self.tgt_dict, len(base))
-        if self.cfg.own_target_context:  # filled in document order as sentences are translated
-            empty = torch.tensor([self.tgt_dict.eos()], dtype=torch.long)
-            tgt_context = [empty] * len(base)
-        # context / CoWord dropout: only the split fairseq-train's trainer loads to train on
-        # (it passes data_selector); validation, generation and scoring tools never get it
-        training = (split == self.cfg.train_subset and not generating
-                    and "data_selector" in kwargs)
-        self.datasets[split] = self.wrap(base, doc_ids, path, tgt_context, generation=generating,
-                                         training=training)
-        ds = self.datasets[split]
-        logger.info(f"{split}: {len(ds)} sentences in {len(ds.doc_start)} documents "
-                    f"({path}); source context {self.cfg.source_context_size}, target context "
-                    f"{self.cfg.target_context_size}, direction {self.cfg.context_direction}, "
-                    f"document context {self.cfg.document_context}, ablation "
-                    f"{self.cfg.context_ablation}")
-        spec = self.context_spec
-        if training and (spec.context_dropout or spec.coword_dropout
-                         or spec.sampled_context_size):
-            logger.info(f"{split}: context dropout {spec.context_dropout}, CoWord dropout "
-                        f"{spec.coword_dropout}, sampled context size 0.."
-                        f"{spec.sampled_context_size} (drawn per sentence and epoch from --seed "
-                        f"{spec.seed}; this split only)")
-        self._log_truncation(split, ds)
-
     #: options that change what a model sees, compared with the checkpoint's
     CONTEXT_OPTIONS = CONTEXT_OPTIONS
-
-    def check_context_options(self, trained) -> None:
-        """A model is translated with the context it was trained with: options
-        that differ from the checkpoint's task are an error (unless
-        ``--allow-context-change``; ``--context-ablation`` is the way to give
-        wrong context on purpose)."""
-        get = trained.get if hasattr(trained, "get") else lambda k, d=None: getattr(trained, k, d)
-        if get("_name", None) not in (None, "document_translation"):
-            return
-        diff = context_option_diff(trained, self.cfg)
-        if not diff:
-            return
-        if self.cfg.allow_context_change:
-            logger.warning("context options differ from the checkpoint's: " + "; ".join(diff))
-            return
-        raise InputError("context options differ from those the checkpoint was trained with: "
-                         + "; ".join(diff) + ". Give the checkpoint's options (or "
-                         "--allow-context-change for an experiment; --context-ablation for "
-                         "wrong context on purpose)")
-
-    def _log_truncation(self, split: str, ds: DocumentContextDataset) -> None:
-        """Once per split: how many context tokens the length limit cut."""
-        if split in self._truncation_logged:
-            return
-        self._truncation_logged.add(split)
-        for side, (sentences, cut, total) in ds.truncation.items():
-            name = "source" if side == "src" else "target"
-            limit = ds.max_context_tokens[side]
-            if limit is not None and np.ndim(limit):
-                limit = "the room each sentence leaves (concatenation)"
-            if cut:
-                logger.warning(
-                    f"{split}: {name} context longer than {limit} tokens for {sentences} of "
-                    f"{len(ds)} sentences; kept the sentences nearest each one, cut {cut} of "
-                    f"{total} context tokens ({100.0 * cut / max(total, 1):.1f}%)")
-            else:
-                logger.info(f"{split}: no {name} context cut ({total} context tokens, "
-                            f"limit {limit} per sentence)")
-
-    # ------------------------------------------------------------ interactive
-    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        """``fairseq-interactive``: the input lines are sentences of a document,
-        in order; a blank line starts a new document. Context is kept across
-        calls (buffers)."""
-        c = self.cfg
-        if self.uses_context and (c.document_context == "offline" or (
-                c.document_context == "none" and c.context_direction != "prev")):
-            raise InputError(
-                "fairseq-interactive reads a document line by line, so only context from "
-                "previous sentences can be built (--context-direction prev or --document-context "
-                "online); for following-sentence context translate the binarized document with "
-                "fairseq-generate --task document_translation")
-        if constraints is not None:
-            raise InputError("--constraints is not supported with --task document_translation")
-        if c.concat_context:
-            raise InputError("fairseq-interactive with --concat-context is not supported yet: "
-                             "translate the binarized documents with fairseq-generate")
-        if self._interactive is None:
-            keep = None if c.document_context == "online" else max(c.source_context_size,
-                                                                     c.target_context_size)
-            self._interactive = InteractiveDocumentState(keep)
-        st = self._interactive
-        st.trim()
-        eos = self.source_dictionary.eos()
-        sents, hyps = list(st.src), list(st.hyp)
-        doc_ids = [f"doc{st.doc}"] * len(sents)
-        line_to_full = []
-        for t in src_tokens:
-            t = torch.as_tensor(t).long()
-            if t.numel() == 0 or (t.numel() == 1 and int(t[0]) == eos):  # blank: new document
-                st.doc += 1
-                st.src, st.hyp = [], []
-                line_to_full.append(-1)
-                continue
-            line_to_full.append(len(sents))
-            sents.append(t)
-            hyps.append(None)
-            doc_ids.append(f"doc{st.doc}")
-            st.src.append(t)
-            st.hyp.append(None)
-        # full-dataset index -> position in the state's current document
-        first = len(sents) - len(st.src)
-        st.positions = {first + k: k for k in range(len(st.src))}
-        if not sents:  # only blank lines
-            return InteractiveDocumentView(None, np.full(len(line_to_full), -1))
-        tgt_context = None
-        if c.target_context_size > 0:
-            empty = torch.tensor([self.target_dictionary.eos()], dtype=torch.long)
-            tgt_context = [h if h is not None else empty for h in hyps]
-        base = LanguagePairDataset(sents, np.array([len(x) for x in sents], dtype=np.int64),
-                                   self.source_dictionary, tgt_dict=self.target_dictionary,
-                                   shuffle=False)
-        full = self.wrap(base, doc_ids, "<interactive input>", tgt_context)
-        return InteractiveDocumentView(full, np.array(line_to_full, dtype=np.int64))
-
-    def _restore_interactive_sample(self, sample):
-        """fairseq-interactive passes only ``src_tokens``/``src_lengths``: take
-        the batch it runs (the next expected one), collate it with context,
-        check the source tokens, and use that ``net_input``."""
-        st = self._interactive
-        if st is None or not st.expected:
-            raise InputError(
-                "document_translation: a batch without its context inputs (no src_ctx_tokens / "
-                "tgt_ctx_tokens) reached the model, which would translate it without context; "
-                "build batches with the task's dataset (fairseq-generate / fairseq-interactive "
-                "--task document_translation)")
-        view, ids = st.expected.popleft()
-        batch = view.collater([view[int(i)] for i in ids])
-        given = sample["net_input"]["src_tokens"]
-        if not torch.equal(batch["net_input"]["src_tokens"], given.cpu()):
-            raise RuntimeError("document_translation: fairseq-interactive ran a batch other than "
-                               "the one expected; cannot attach its context")
-        moved = to_device({"net_input": batch["net_input"], "id": batch["id"]}, given.device)
-        restored = dict(sample)
-        restored["net_input"] = moved["net_input"]
-        restored["id"] = moved["id"]
-        restored["_view"] = view
-        return restored
-
-    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        if not self.uses_context:
-            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
-        if self.cfg.own_target_context and "_view" not in sample:
-            return self._own_target_context_step(generator, models, sample, prefix_tokens,
-                                                 constraints)
-        if self.cfg.concat_context:
-            return self._concat_step(generator, models, sample, prefix_tokens, constraints)
-        ni = sample["net_input"]
-        if not any(k in ni for k in self.context_keys()):
-            sample = self._restore_interactive_sample(sample)
-        view = sample.pop("_view", None)
-        if view is None or self.cfg.target_context_size <= 0:
-            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
-        return self._sequential_step(view, generator, models, sample, prefix_tokens, constraints)
-
-    def _concat_step(self, generator, models, sample, prefix_tokens, constraints,
-                     plen: Optional[List[int]] = None):
-        """Concatenation: the target context (with its breaks) is forced as
-        the decoder's prefix and removed from the hypotheses; the whole batch
-        in one call of the generator, whatever the rows' prefix lengths
-        (:class:`ForcedPrefixes`)."""
-        if "target_prefix_len" not in sample:
-            raise ValueError("--concat-context: a batch without its concatenated context reached "
-                             "the model; build batches with the task's dataset")
-        if prefix_tokens is not None:
-            raise InputError("--prefix-size is not supported with --concat-context (the target "
-                             "context is the prefix)")
-        if "target_prefix" not in sample:
-            raise InputError("--concat-context: generation needs the target context as a prefix "
-                             "(target_prefix: the generation split's dataset)")
-        if plen is None:  # (given when the batch was collated here, still on the CPU)
-            plen = sample["target_prefix_len"].tolist()  # one read per batch
-        if max(plen, default=0) == 0:
-            return super().inference_step(generator, models, sample, None, constraints)
-        with ForcedPrefixes(generator, sample, plen):
-            hypos = super().inference_step(generator, models, sample, None, constraints)
-        for n, row in zip(plen, hypos):
-            for h in row:
-                if h["tokens"].numel() <= n:
-                    raise RuntimeError(
-                        f"--concat-context: a hypothesis ended inside its {n}-token target "
-                        "context (the model's maximum target positions are too few for the "
-                        "context and the translation)")
-        return strip_prefix(hypos, plen, getattr(generator, "len_penalty", 1.0),
-                            getattr(generator, "normalize_scores", True))
-
-    def _own_target_context_step(self, generator, models, sample, prefix_tokens, constraints):
-        """``--own-target-context``: the batch's sentences are translated
-        position by position in their documents; after each position the best
-        hypotheses become the target context of the next ones (re-collated
-        from the dataset, so the context is built as in training). Linear in
-        the document: each translation updates the context lengths of the
-        sentences that read it only (``set_target_context``), and the check
-        that the earlier sentences are translated reads one counter per
-        document (:class:`OwnTargetContextState`)."""
-        ds = self.datasets[self.cfg.gen_subset]
-        inner = ds.inner if isinstance(ds, ConcatContextDataset) else ds
-        if self._own_state is None or self._own_state.dataset is not inner:
-            self._own_state = OwnTargetContextState(inner)
-        state = self._own_state
-        ids = np.asarray(sample["id"].tolist(), dtype=np.int64)
-        pos = inner.sent_pos[ids]
-        order = np.argsort(pos, kind="stable")
-        cuts = np.flatnonzero(np.diff(pos[order])) + 1
-        device = batch_device(sample)
-        out: Dict[int, list] = {}
-        for rows in np.split(order, cuts):
-            group = ids[rows].tolist()
-            for i in group:  # earlier sentences of its document must be translated already
-                if not state.ready(i):
-                    raise RuntimeError(
-                        f"--own-target-context: sentence {i} comes before the translations of "
-                        "the earlier sentences of its document; generate with the documents in "
-                        "order (the task batches whole documents; do not use --num-shards or "
-                        "--shard-id that split documents)")
-            one = ds.collater([ds[i] for i in group])
-            one_ids = one["id"].tolist()  # the collater's order (still on the CPU: no read)
-            plen = one["target_prefix_len"].tolist() if self.cfg.concat_context else None
-            one = to_device(one, device)
-            if self.cfg.concat_context:
-                hyps = self._concat_step(generator, models, one, None, None, plen)
-            else:
-                hyps = super().inference_step(generator, models, one, None, None)
-            for i, h, best in zip(one_ids, hyps, best_tokens_on_cpu(hyps)):
-                out[int(i)] = h
-                ds.set_target_context(int(i), best)
-                state.done(int(i))
-        return [out[int(i)] for i in ids]
-
-    def _sequential_step(self, view, generator, models, sample, prefix_tokens, constraints):
-        """Interactive target context: translate the batch's sentences one at
-        a time in document order, each re-collated on its own (context or
-        document memory) after the model's translations of the previous
-        sentences were put in place as their target side
-        (``set_target_context``: the context lengths of the sentences that
-        read it are updated, nothing else)."""
-        st, full = self._interactive, view.full
-        device = batch_device(sample)
-        lines = [int(i) for i in sample["id"].tolist()]
-        rows = sorted(range(len(lines)), key=lambda r: int(view.line_to_full[lines[r]]))
-        out = [None] * len(lines)
-        for r in rows:
-            f = int(view.line_to_full[lines[r]])
-            one = to_device(view.collater([view[lines[r]]]), device)
-            hyp = super().inference_step(
-                generator, models, one,
-                prefix_tokens[r:r + 1] if prefix_tokens is not None else None,
-                constraints[r:r + 1] if constraints is not None else None)[0]
-            out[r] = hyp
-            best = hyp[0]["tokens"].detach().long().cpu()
-            full.set_target_context(f, best)
-            k = st.positions.get(f)
-            if k is not None and k < len(st.hyp):
-                st.hyp[k] = best
-        return out
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None,
                            max_positions=None, ignore_invalid_inputs=False,
@@ -835,28 +341,6 @@ class DocumentTranslationTask(TranslationTask):
         else:
             candidates = [restore.replace(".pt", suffix + ".pt") if suffix else restore]
         return next((p for p in candidates if p and os.path.isfile(p)), None)
-
-    def build_generator(self, models, args, **kwargs):
-        # fairseq-generate loads its split first; fairseq-interactive loads none and
-        # takes target context from the model's own translations
-        if (self.cfg.target_context_size > 0 and not self.cfg.gold_target_context
-                and not self.cfg.target_context_file and not self.cfg.own_target_context
-                and self.datasets):
-            raise InputError("generation with --target-context-size > 0 needs the target "
-                             "context: --gold-target-context (references), "
-                             "--target-context-file FILE (hypotheses of an earlier pass) or "
-                             "--own-target-context (the model's own translations, in document "
-                             "order)")
-        if self.cfg.concat_context and getattr(args, "score_reference", False):
-            raise InputError("--score-reference with --concat-context is not supported (fairseq's "
-                             "reference scorer knows nothing of the target context); score "
-                             "references with ctx-score-contrastive or a validation pass")
-        if self.cfg.concat_context:  # the break only ever comes from the forced prefix
-            extra = dict(kwargs.get("extra_gen_cls_kwargs") or {})
-            extra["tokens_to_suppress"] = list(extra.get("tokens_to_suppress", ())) + [
-                self.cfg.concat_break]
-            kwargs["extra_gen_cls_kwargs"] = extra
-        return super().build_generator(models, args, **kwargs)
 
     # ------------------------------------------------------------- contrastive
     def context_net_input(self, split: str, line_ids: Sequence[int],

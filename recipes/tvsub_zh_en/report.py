@@ -18,7 +18,9 @@ process: on a GPU the device memory is not in it) and the exact training
 options (``checkpoints/M/train.args``) and the exact command lines of its
 training, translation and CXMI (``WORK/commands/M.TOOL.sh``, written by
 run.sh) and of the run (``WORK/commands/run.sh``). A model without results
-yet is listed as such (nothing is made up).
+yet is listed as such (nothing is made up). No path of the machine that ran
+it: a path under WORK is written ``$WORK/...``, one under the repository
+relative to its root (:func:`portable_paths`).
 """
 
 import json
@@ -39,6 +41,40 @@ TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode",
          "fairseq-generate.heldout", "ctx-iterative-decode.heldout", "ctx-cxmi",
          "fairseq-validate")
 SENTENCE_LEVEL = {"sentence", "transformer", "dc", "hybrid"}
+#: the repository's root (this file is recipes/tvsub_zh_en/report.py)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _spellings(path):
+    """``path`` absolute, as given and with its links resolved (longest first)."""
+    out = {os.path.abspath(path), os.path.realpath(path)}
+    return sorted((p for p in out if p != os.sep), key=len, reverse=True)
+
+
+def portable_paths(text, work, repo=None):
+    """``text`` (a command line, options) without the machine's paths: an
+    absolute path in or under ``work`` is written ``$WORK`` / ``$WORK/...``,
+    one in or under ``repo`` relative to it (``.`` for the root itself);
+    anything else (a relative path, a path elsewhere, a path that merely
+    begins with the same characters) is left as is. ``None`` stays ``None``.
+    ``repo``: this repository's root (:data:`REPO`) unless given."""
+    if text is None:
+        return None
+    repo = REPO if repo is None else repo
+    # the deeper directory first (WORK is usually under the repository)
+    roots = [(p, "$WORK") for p in _spellings(work)] + [(p, None) for p in _spellings(repo)]
+    roots.sort(key=lambda r: len(r[0]), reverse=True)
+    for root, name in roots:
+        # the directory itself (a whole path: not the start of a longer name; a
+        # "/" after it kept), or the directory followed by a path inside it
+        # (group 1 None); a path of the repository is written relative to it
+        start = r"(?<![\w.$~/-])" + re.escape(root)
+        pat = re.compile(start + r"(/?)(?![\w.~/-])|" + start + r"/(?=[\w.~-])")
+        if name is not None:
+            text = pat.sub(lambda m: name + ("/" if m.group(1) is None else m.group(1)), text)
+        else:
+            text = pat.sub(lambda m: "" if m.group(1) is None else "." + m.group(1), text)
+    return text
 
 
 def _load(path):
@@ -84,7 +120,7 @@ def _train_stats(work, name):
     for tool in TOOLS:
         path = os.path.join(work, "commands", f"{name}.{tool}.sh")
         if os.path.exists(path):
-            commands[tool] = open(path, encoding="utf-8").read().strip()
+            commands[tool] = portable_paths(open(path, encoding="utf-8").read().strip(), work)
     return {"train_wps_mean": round(statistics.mean(wps), 1) if wps else None,
             "commands": commands,
             # selective trained with --doc-word-capacity (removed in issue 24; a
@@ -94,7 +130,8 @@ def _train_stats(work, name):
             "word_overflow_max": max(overflow) if overflow and options and
             "--doc-word-capacity" in options.split() else None,
             "target_tokens_per_update": round(statistics.mean(wpb), 1) if wpb else None,
-            "updates": updates, "peak_rss_kb": peak, "train_options": options}
+            "updates": updates, "peak_rss_kb": peak,
+            "train_options": portable_paths(options, work)}
 
 
 def collect(work, mode, models):
@@ -104,7 +141,8 @@ def collect(work, mode, models):
                                                              "documents")},
            "train": prep.get("train"), "models": {}}
     run = os.path.join(work, "commands", "run.sh")
-    out["command"] = open(run, encoding="utf-8").read().strip() if os.path.exists(run) else None
+    out["command"] = portable_paths(open(run, encoding="utf-8").read().strip(), work) \
+        if os.path.exists(run) else None
     for m in models:
         d = os.path.join(work, "results", m)
         bleu, doc = _load(os.path.join(d, "bleu.json")), _load(os.path.join(d, "doc_bleu.json"))
