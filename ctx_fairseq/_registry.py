@@ -15,8 +15,8 @@ def import_all_submodules(package_name: str) -> None:
 
 
 def plugin_models() -> Dict[str, type]:
-    """Model name -> model class for every model registered by ctx_fairseq."""
-    import ctx_fairseq  # noqa: F401  (registers everything)
+    """Model name -> model class for every model registered by ctx_fairseq
+    (importing this module imported the package, which registers them)."""
     from fairseq.models import MODEL_REGISTRY
 
     return {
@@ -28,7 +28,6 @@ def plugin_models() -> Dict[str, type]:
 
 def plugin_architectures() -> List[str]:
     """Every architecture name (presets included) registered by ctx_fairseq."""
-    import ctx_fairseq  # noqa: F401
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     return sorted(

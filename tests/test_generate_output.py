@@ -2,7 +2,7 @@
 
 import pytest
 
-from ctx_fairseq.eval.generate_output import corpus_bleu, read_generate_output
+from ctx_fairseq.generate_output import corpus_bleu, read_generate_output
 
 LOG = """S-1\tb c
 T-1\tx y
@@ -58,7 +58,7 @@ def test_detokenized_lines_and_optional_references(tmp_path):
 
 
 def test_duplicates_and_partial_lines_are_errors(tmp_path):
-    from ctx_fairseq.eval.generate_output import NoHypothesesError
+    from ctx_fairseq.generate_output import NoHypothesesError
 
     def fails(text, message):
         p = tmp_path / "g.txt"
@@ -80,7 +80,7 @@ def test_duplicates_and_partial_lines_are_errors(tmp_path):
 
 
 def test_bpe_markers_and_removal():
-    from ctx_fairseq.eval.generate_output import lines_with_bpe, remove_bpe
+    from ctx_fairseq.generate_output import lines_with_bpe, remove_bpe
 
     lines = ["the c@@ at", "a dog", "end@@", "\u2581the \u2581cat", "mail me @@home"]
     assert lines_with_bpe(lines) == {"subword_nmt": [0, 2], "sentencepiece": [3]}
@@ -93,7 +93,7 @@ def test_bpe_markers_and_removal():
 
 
 def test_bleu_metric_signature():
-    from ctx_fairseq.eval.generate_output import bleu_metric
+    from ctx_fairseq.generate_output import bleu_metric
 
     hyp, ref = ["the cat sat on the mat today"], ["the cat sat on a mat today"]
     m = bleu_metric()

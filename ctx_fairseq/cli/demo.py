@@ -270,7 +270,7 @@ def _preprocess(raw: str, binned: str) -> None:
 
 def _score(arch: str, ckpt: str, binned: str, jsonl: str, gen: str, out: str) -> None:
     from ctx_fairseq.eval import contrastive
-    from ctx_fairseq.eval.generate_output import corpus_bleu, read_generate_output
+    from ctx_fairseq.generate_output import corpus_bleu, read_generate_output
 
     g = read_generate_output(gen)
     result = {"arch": arch, "bleu": corpus_bleu(g.hypotheses, g.references),

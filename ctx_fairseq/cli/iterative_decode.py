@@ -117,7 +117,7 @@ def iterative_decode(data: str, path: str, out_dir: str, passes: int = 2,
                      first_pass_path: Optional[str] = None, gen_subset: str = "test",
                      beam: int = 4, max_tokens: int = 8000,
                      generate_args: Sequence[str] = (), log=None) -> Dict:
-    from ctx_fairseq.eval.generate_output import corpus_bleu, read_generate_output
+    from ctx_fairseq.generate_output import corpus_bleu, read_generate_output
 
     if passes < 2:
         raise ValueError("--passes must be at least 2 (pass 1 has no target context)")

@@ -4,13 +4,10 @@ of sentences with their document memory, and the epoch iterator that shards
 batches across workers by whole documents."""
 
 import math
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from fairseq.data import data_utils, iterators
-
-if TYPE_CHECKING:  # (the dataset imports this module)
-    from ctx_fairseq.data.document_dataset import DocumentContextDataset
 
 #: the columns of a batch's part lengths (source, source context, target,
 #: target context) padded together: each side with its context
@@ -142,10 +139,12 @@ def document_batches(indices: np.ndarray, doc_index: np.ndarray, num_tokens: np.
     return batches
 
 
-def memory_batches(ds: "DocumentContextDataset", indices: np.ndarray,
+def memory_batches(ds, indices: np.ndarray,
                    max_tokens: Optional[int] = None,
                    max_sentences: Optional[int] = None) -> List[np.ndarray]:
-    """Document batching for models with a document memory: whole documents
+    """Document batching for models with a document memory (``ds``: the
+    :class:`~ctx_fairseq.data.document_dataset.DocumentContextDataset`, which
+    imports this module: no import back): whole documents
     (runs of ``indices``) are packed while :meth:`DocumentContextDataset.memory_cost`
     stays within ``max_tokens``; a document too large is cut into consecutive
     chunks, each of which carries the memory it needs (online: the sentences

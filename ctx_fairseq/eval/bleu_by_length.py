@@ -34,7 +34,7 @@ import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ctx_fairseq.eval.generate_output import corpus_bleu, read_generate_output
+from ctx_fairseq.generate_output import corpus_bleu, read_generate_output
 from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
 __all__ = ["BUCKETS", "bucket_of", "bleu_by_length", "write_outputs", "cli_main"]

@@ -133,7 +133,7 @@ def bleu_true_vs_shuffled(ckpt: str, data: str, split: str = "test", beam: int =
                           out_dir: Optional[str] = None, extra: Sequence[str] = (),
                           gold_target_context: bool = False,
                           target_context_file: Optional[str] = None) -> Dict:
-    from ctx_fairseq.eval.generate_output import corpus_bleu, read_generate_output
+    from ctx_fairseq.generate_output import corpus_bleu, read_generate_output
 
     result = {"checkpoint": ckpt, "split": split, "beam": beam}
     for ablation in ("none", "shuffled"):

@@ -73,7 +73,7 @@ import os
 from itertools import groupby
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ctx_fairseq.eval.generate_output import (BPE_SCHEMES, bleu_metric, lines_with_bpe,
+from ctx_fairseq.generate_output import (BPE_SCHEMES, bleu_metric, lines_with_bpe,
                                               read_generate_output, remove_bpe)
 from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 

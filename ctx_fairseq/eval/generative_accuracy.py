@@ -92,7 +92,7 @@ import torch
 
 from ctx_fairseq.eval.contrastive import ContrastiveScorer, scorer_for_checkpoint
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Example, Suite, read_suite
-from ctx_fairseq.eval.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
+from ctx_fairseq.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
     remove_bpe
 from ctx_fairseq.eval.suite_report import (accuracy_bar_plot, add_output_args, add_suite_args,
                                            group_outcomes, pct, print_report, report_name,

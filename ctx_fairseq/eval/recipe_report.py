@@ -77,7 +77,7 @@ def _split_spec(spec: str, sep: str, n: int, what: str, exact: bool = False) -> 
 def read_hypotheses(gen: str, ref: str) -> List[str]:
     """The best hypothesis (H- line) of each test sentence in corpus order;
     every sentence of the reference exactly once, no BPE left (checked)."""
-    from ctx_fairseq.eval.generate_output import lines_with_bpe, read_generate_output
+    from ctx_fairseq.generate_output import lines_with_bpe, read_generate_output
 
     n = len(read_sentence_lines(ref))
     try:
@@ -102,7 +102,7 @@ def read_hypotheses(gen: str, ref: str) -> List[str]:
 
 def bleu_result(hyps: Sequence[str], refs: Sequence[str], tokenize: Optional[str]) -> Dict:
     """sacreBLEU of ``hyps`` against ``refs``: score (2 decimals), text, signature."""
-    from ctx_fairseq.eval.generate_output import bleu_metric
+    from ctx_fairseq.generate_output import bleu_metric
 
     metric = bleu_metric(tokenize)
     score = metric.corpus_score(list(hyps), [list(refs)])

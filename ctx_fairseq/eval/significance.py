@@ -128,7 +128,7 @@ def _read_lines(path: str) -> List[str]:
 def _hypotheses(path: str, generate: bool) -> List[str]:
     if not generate:
         return _read_lines(path)
-    from ctx_fairseq.eval.generate_output import read_generate_output
+    from ctx_fairseq.generate_output import read_generate_output
 
     return read_generate_output(path, need_references=False).hypotheses
 

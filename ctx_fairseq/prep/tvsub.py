@@ -438,7 +438,7 @@ def score(generate_output: str, refs_prefix: str, docids_path: str) -> dict:
     """Multi- and single-reference BLEU, sentence and document level, of the
     ``H-`` lines of a fairseq-generate output (BPE removed) against
     ``REFS_PREFIX{K}.en`` (see the module docstring)."""
-    from ctx_fairseq.eval.generate_output import lines_with_bpe, read_generate_output
+    from ctx_fairseq.generate_output import lines_with_bpe, read_generate_output
 
     gen = read_generate_output(generate_output, need_references=False)
     docids = read_lines(docids_path)
