@@ -215,7 +215,7 @@ def test_document_memory_beam_search_over_fewer_sentences_than_the_batch(capsys)
     import numpy as np
     import torch
 
-    from ctx_fairseq.models.transformer_selective_doc import memory_state_index
+    from ctx_fairseq.models.transformer_selective_doc.common import memory_state_index
 
     args = ["--layers", "1", "--embed-dim", "16", "--heads", "2", "--ffn-dim", "32",
             "--vocab", "64", "--src-len", "6", "--tgt-len", "5", "--doc-len", "10",

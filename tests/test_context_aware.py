@@ -249,7 +249,7 @@ def test_init_from_sentence_checkpoint_errors(toy_bin, sentence_ckpt, tmp_path):
 
 
 def test_demo_contrastive_and_shuffled(context_ckpt, toy_bin, toy_corpus):
-    from ctx_fairseq.eval.contrastive import read_contrastive
+    from ctx_fairseq.data.toy_corpus import read_contrastive
 
     ckpt, _ = context_ckpt
     jsonl = os.path.join(toy_corpus, "test.contrastive.jsonl")

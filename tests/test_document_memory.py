@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ctx_fairseq  # noqa: F401
-from ctx_fairseq.data.document_dataset import memory_batches
+from ctx_fairseq.data.batching import memory_batches
 from test_document_task import setup_task, synthetic
 
 

@@ -20,7 +20,8 @@ from fairseq import options
 from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from ctx_fairseq.data.document_dataset import DocumentContextDataset, truncate_windows
+from ctx_fairseq.data.document_dataset import DocumentContextDataset
+from ctx_fairseq.data.windows import truncate_windows
 from ctx_fairseq.models.transformer_context_aware import ContextAwareTransformerEncoder
 from fairseq_cli_utils import (
     REPO_ROOT,
@@ -505,7 +506,7 @@ def test_interactive_target_context_is_the_models_own_translations(selective_dec
                                                                   monkeypatch):
     """Three sentences in one buffer and one batch: each is translated with
     the model's translations of the previous ones as its target memory."""
-    from ctx_fairseq.models.transformer_selective_doc import SelectiveDocEncoder
+    from ctx_fairseq.models.transformer_selective_doc.encoder import SelectiveDocEncoder
 
     seen = []
     original = SelectiveDocEncoder.forward

@@ -17,12 +17,9 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from fairseq_cli_utils import document_dataset
 
-from ctx_fairseq.data.document_dataset import (
-    DocumentContextDataset,
-    DocumentIdError,
-    assign_shards,
-    document_batches,
-)
+from ctx_fairseq.data.document_dataset import DocumentContextDataset
+from ctx_fairseq.data.docids import DocumentIdError
+from ctx_fairseq.data.batching import assign_shards, document_batches
 
 
 # --------------------------------------------------------------------------- helpers

@@ -75,7 +75,7 @@ def test_pass_two_reads_the_first_pass_translations_as_target_memory(decoder_ckp
                                                                      tmp_path, monkeypatch):
     from fairseq.data import Dictionary
 
-    from ctx_fairseq.models.transformer_selective_doc import SelectiveDocEncoder
+    from ctx_fairseq.models.transformer_selective_doc.encoder import SelectiveDocEncoder
 
     seen = []
     original = SelectiveDocEncoder.forward

@@ -10,7 +10,7 @@ import zipfile
 import pytest
 
 from ctx_fairseq.prep import corpora as pc
-from ctx_fairseq.prep.docs import PrepDocsError
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 
 
 def write(path, text, gz=False):

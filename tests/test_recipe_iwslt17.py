@@ -80,7 +80,7 @@ def _fake_release(root):
     import shutil
     import tarfile
 
-    from ctx_fairseq.prep.docs import read_xml_documents
+    from ctx_fairseq.prep.xml_docs import read_xml_documents
 
     def xml(name, lang):
         return os.path.join(DATA, f"IWSLT17.TED.{name}.en-de.{lang}.xml")
@@ -130,7 +130,7 @@ def test_full_mode_data_steps_from_release_archives(tmp_path):
          "IWSLT17.TED.tst2011.en-de.de.xml", "IWSLT17.TED.tst2016.en-de.en.xml",
          "IWSLT17.TED.tst2016.de-en.de.xml"])
     assert not (work / "raw.part").exists()
-    from ctx_fairseq.prep.docs import read_xml_documents
+    from ctx_fairseq.prep.xml_docs import read_xml_documents
 
     def talk_lines(name):
         return [d for d, segs in read_xml_documents(os.path.join(

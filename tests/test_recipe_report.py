@@ -14,7 +14,7 @@ import pytest
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.eval import recipe_report as rr
 from ctx_fairseq.prep import recipe_text as rt
-from ctx_fairseq.prep.common import PrepDocsError
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

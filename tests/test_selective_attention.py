@@ -19,9 +19,9 @@ from ctx_fairseq.modules.selective_attention import (
     ContextGating,
     DocumentContextLayer,
     HierarchicalContextAttention,
-    masked_normalize,
-    memory_layout,
 )
+from ctx_fairseq.modules.sparsemax import masked_normalize
+from ctx_fairseq.modules.selective_memory import memory_layout
 
 DT = torch.float64
 C, H = 8, 2
@@ -976,7 +976,7 @@ def by_length_from_mask(mem: Mem):
     first to their last word."""
     import numpy as np
 
-    from ctx_fairseq.modules.selective_attention import memory_layout
+    from ctx_fairseq.modules.selective_memory import memory_layout
 
     _, rows, valid = memory_layout(mem.doc, mem.pos)
     rows, valid = rows.numpy(), valid.numpy()

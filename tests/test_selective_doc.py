@@ -22,11 +22,10 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerEncoderBase
 
 from ctx_fairseq.data.contract import ContextSpec
-from ctx_fairseq.data.document_dataset import DocumentContextDataset, memory_batches
-from ctx_fairseq.models.transformer_selective_doc import (
-    SelectiveDocDecoder,
-    SelectiveDocEncoder,
-)
+from ctx_fairseq.data.document_dataset import DocumentContextDataset
+from ctx_fairseq.data.batching import memory_batches
+from ctx_fairseq.models.transformer_selective_doc.decoder import SelectiveDocDecoder
+from ctx_fairseq.models.transformer_selective_doc.encoder import SelectiveDocEncoder
 from ctx_fairseq.modules.sentence_cache import SentenceStateCache
 from fairseq_cli_utils import (
     TINY_MODEL_ARGS,
@@ -1199,7 +1198,7 @@ def test_frozen_memory_without_its_frozen_copy_is_an_error():
     """Never read a 'frozen' memory from the trainable weights."""
     import argparse
 
-    from ctx_fairseq.models.transformer_selective_doc import frozen_source
+    from ctx_fairseq.models.transformer_selective_doc.common import frozen_source
 
     class _M:
         memory_encoder = None

@@ -90,12 +90,8 @@ def _batch(docs, C_, seed):
     (online); returns the module's inputs and the collater's index arguments
     (per-document groups, real query tokens and their counts, the memory by
     length)."""
-    from ctx_fairseq.data.document_dataset import (
-        memory_by_length,
-        query_groups,
-        query_token_groups,
-    )
-    from ctx_fairseq.modules.selective_attention import memory_layout
+    from ctx_fairseq.data.memory_index import memory_by_length, query_groups, query_token_groups
+    from ctx_fairseq.modules.selective_memory import memory_layout
 
     L = max(w for _, w, _, _ in docs)
     T = max(w for _, _, _, w in docs)
@@ -493,8 +489,8 @@ def test_sentences_by_length_read_only_their_columns():
     fewer FLOPs, the same result (float64, 1e-12)."""
     import numpy as np
 
-    from ctx_fairseq.data.document_dataset import memory_by_length
-    from ctx_fairseq.modules.selective_attention import memory_layout
+    from ctx_fairseq.data.memory_index import memory_by_length
+    from ctx_fairseq.modules.selective_memory import memory_layout
 
     n, Lw = 96, 20
     g = torch.Generator().manual_seed(3)

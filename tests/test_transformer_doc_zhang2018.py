@@ -475,7 +475,8 @@ def test_cli_one_step_encoder_integration(toy_bin, tmp_path):
 
 
 def test_contrastive_scoring(zhang_run, toy_bin, toy_corpus):
-    from ctx_fairseq.eval.contrastive import evaluate_checkpoint, read_contrastive
+    from ctx_fairseq.eval.contrastive import evaluate_checkpoint
+    from ctx_fairseq.data.toy_corpus import read_contrastive
 
     ckpt, _ = zhang_run
     jsonl = os.path.join(toy_corpus, "test.contrastive.jsonl")

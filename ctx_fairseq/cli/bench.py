@@ -109,10 +109,10 @@ import numpy as np
 import torch
 
 from ctx_fairseq.cli.arch_hooks import bench_hooks
-from ctx_fairseq.cli.bench_memory import (  # noqa: F401  (re-exported)
+from ctx_fairseq.cli.bench_memory import (
     CudaMemoryStats, cpu_step_peak_bytes, resident_bytes, step_peak_bytes)
-from ctx_fairseq.cli.bench_report import (  # noqa: F401  (re-exported)
-    format_dry_run, format_markdown, format_sweep, format_table, step_time_fit, sweep_summary)
+from ctx_fairseq.cli.bench_report import (
+    format_markdown, format_table, sweep_summary)
 from ctx_fairseq.data.contract import sentence_level, task_options
 from ctx_fairseq.flops import device_peak_tflops, matmul_precision, mfu
 
@@ -442,7 +442,9 @@ class Bench:
             per_sentence = not memory or k.startswith("query_")
             out[k] = v[:n] if torch.is_tensor(v) and per_sentence else v
         if memory and "mem_state_index" in ni:
-            from ctx_fairseq.models.transformer_selective_doc import first_queries_state_index
+            from ctx_fairseq.models.transformer_selective_doc.common import (
+                first_queries_state_index,
+            )
 
             source, extra = first_queries_state_index(ni["mem_state_index"].cpu().numpy(), n)
             dev = ni["mem_state_index"].device

@@ -71,17 +71,15 @@ from fairseq.data import FairseqDataset, data_utils
 # the tests import them from this module)
 from ctx_fairseq.data.conditions import ABLATIONS, ContextCondition
 from ctx_fairseq.data.contract import ContextSpec
-from ctx_fairseq.data.batching import (  # noqa: F401
-    PART_SIDES, DocumentShardedEpochBatchIterator, assign_shards, context_batches,
-    document_batches, document_groups, memory_batches, padded_cost)
-from ctx_fairseq.data.docids import DocumentIdError, check_docids, read_docids  # noqa: F401
+from ctx_fairseq.data.batching import (
+    PART_SIDES, context_batches, document_batches, memory_batches)
+from ctx_fairseq.data.docids import check_docids
 from ctx_fairseq.data.document_memory import DocumentMemoryMixin
-from ctx_fairseq.data.layouts import (  # noqa: F401
-    CONTEXT_LAYOUTS, DIRECTIONS, DOCUMENT_CONTEXTS, MEMORY_LAYOUTS,
-    merge_context_layouts, normalise_context_layout)
-from ctx_fairseq.data.memory_index import (  # noqa: F401
-    length_buckets, memory_by_length, query_groups, query_token_groups)
-from ctx_fairseq.data.windows import (  # noqa: F401
+from ctx_fairseq.data.layouts import (
+    DIRECTIONS, DOCUMENT_CONTEXTS, normalise_context_layout)
+from ctx_fairseq.data.memory_index import (
+    length_buckets, query_token_groups)
+from ctx_fairseq.data.windows import (
     PARTIAL_NEXT, PARTIAL_NONE, PARTIAL_PREV, check_context_sizes, context_ranges,
     longest_sentences, truncate_windows)
 from ctx_fairseq.errors import InputError

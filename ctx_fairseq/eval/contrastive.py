@@ -74,12 +74,11 @@ import torch
 
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
-from ctx_fairseq.data.toy_corpus import read_contrastive  # noqa: F401  (re-exported)
 from ctx_fairseq.eval.contrastive_suites import FORMATS, Suite, read_suite
 # distance_key and write_report_files are re-exported
-from ctx_fairseq.eval.suite_report import (  # noqa: F401
-    accuracy_bar_plot, add_output_args, add_suite_args, distance_key, group_outcomes, pct,
-    print_report, report_name, result_rows, suite_options, write_report_files)
+from ctx_fairseq.eval.suite_report import (
+    accuracy_bar_plot, add_output_args, add_suite_args, group_outcomes, pct, print_report,
+    report_name, result_rows, suite_options, write_report_files)
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
 from ctx_fairseq.tasks.context_options import task_setting
 

@@ -204,7 +204,10 @@ def build_suite(src: str, tgt: str, docids: str, codes: Optional[str] = None,
                 separator: str = "@@") -> Tuple[List[dict], Counter, int]:
     """The records for a split (module docstring). Returns (records, skipped
     lines by reason, lines read). Raises :class:`SuiteBuildError`."""
-    from ctx_fairseq.prep.docs import PrepDocsError, read_docids
+    from ctx_fairseq.data.docids import (
+        DocFileError as PrepDocsError,
+        read_docid_lines as read_docids,
+    )
 
     src_lines = _read_lines(src, "--src")
     tgt_lines = _read_lines(tgt, "--tgt")

@@ -79,7 +79,7 @@ def load_selective_model(ckpt: str, data: str, cpu: bool = True):
     options from the checkpoint, ``data`` overrides its data path. Target
     memory, where the model uses it, always comes from the references."""
     from ctx_fairseq.eval.context_aware_analysis import load_document_model
-    from ctx_fairseq.models.transformer_selective_doc import TransformerSelectiveDocModel
+    from ctx_fairseq.models.transformer_selective_doc.model import TransformerSelectiveDocModel
 
     if not os.path.isfile(ckpt):
         raise ValueError(f"{ckpt}: no such checkpoint file")

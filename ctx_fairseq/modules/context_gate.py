@@ -34,7 +34,7 @@ that the share of tokens with context can be reported too.
 from typing import Optional, Tuple
 
 import torch
-from fairseq.modules import LayerNorm, MultiheadAttention  # noqa: F401
+from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from torch import Tensor, nn
 

@@ -161,10 +161,10 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from ctx_fairseq.modules.context_statistics import mean_gate_sum, real_tokens
-from ctx_fairseq.modules.selective_memory import (  # noqa: F401  (re-exported)
+from ctx_fairseq.modules.selective_memory import (
     ProjectedMemory, QueryLayout, memory_layout)
-from ctx_fairseq.modules.sparsemax import (  # noqa: F401  (re-exported)
-    NORMALIZERS, masked_normalize, sparsemax)
+from ctx_fairseq.modules.sparsemax import (
+    NORMALIZERS, masked_normalize)
 from ctx_fairseq.modules.word_attention import (
     streamed_word_attention,
     word_block_for,

@@ -9,8 +9,7 @@ import collections
 import re
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from ctx_fairseq.data.docids import DocFileError as PrepDocsError  # noqa: F401
-from ctx_fairseq.data.docids import check_docid, read_lines  # noqa: F401
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 
 # One document: its id and its sentence pairs (source, target).
 ParallelDoc = Tuple[str, List[Tuple[str, str]]]

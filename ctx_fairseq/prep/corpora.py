@@ -56,15 +56,11 @@ import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ctx_fairseq.prep.common import CorpusStats, collapse_whitespace
-from ctx_fairseq.prep.docs import (
-    ParallelDoc,
-    PrepDocsError,
-    decode_text_lines,
-    write_documents,
-)
-from ctx_fairseq.prep.opus import (  # noqa: F401  (re-exported)
-    OpusCorpus, OpusLink, OpusLinkGroup, OpusSentence, load_opus, read_opus_alignment,
-    read_opus_document)
+from ctx_fairseq.prep.docs import write_documents
+from ctx_fairseq.prep.common import ParallelDoc, decode_text_lines
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError
+from ctx_fairseq.prep.opus import (
+    OpusCorpus, load_opus, read_opus_alignment, read_opus_document)
 
 PROG = "ctx-prep-corpora"
 

@@ -58,16 +58,20 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ctx_fairseq.data.docids import read_docid_lines as read_docids  # noqa: F401
 # the readers by format, re-exported (the library entry points above)
-from ctx_fairseq.prep.common import (  # noqa: F401
-    LINE_BREAK_RUN, WHITESPACE, ParallelDoc, PrepDocsError, PrepSummary, clean_text,
-    decode_text_lines)
+from ctx_fairseq.prep.common import (
+    LINE_BREAK_RUN,
+    WHITESPACE,
+    ParallelDoc,
+    PrepSummary,
+    clean_text,
+)
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 from ctx_fairseq.prep.common import read_text_lines as _read_text_lines
-from ctx_fairseq.prep.text_docs import load_blank_lines, load_docids, load_tags  # noqa: F401
-from ctx_fairseq.prep.xml_docs import (  # noqa: F401
-    SGML_SETS, WMT_FILE_HINT, ParsedDoc, ParsedSeg, WmtData, align_docs, check_unique_segids,
-    end_document, load_wmt, load_xml, read_xml_documents, start_document)
+from ctx_fairseq.prep.text_docs import load_blank_lines, load_docids, load_tags
+from ctx_fairseq.prep.xml_docs import (
+    SGML_SETS, WMT_FILE_HINT, ParsedDoc, ParsedSeg, align_docs, check_unique_segids, end_document,
+    load_wmt, load_xml, start_document)
 
 PROG = "ctx-prep-docs"
 MODES = ("xml", "sgml", "blank-lines", "docids", "tags")

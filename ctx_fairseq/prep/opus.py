@@ -13,7 +13,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from xml.parsers import expat
 
 from ctx_fairseq.prep.common import CorpusStats, collapse_whitespace
-from ctx_fairseq.prep.docs import ParallelDoc, PrepDocsError
+from ctx_fairseq.prep.common import ParallelDoc
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 
 
 # --------------------------------------------------------------------------

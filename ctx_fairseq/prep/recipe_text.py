@@ -45,7 +45,8 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 from ctx_fairseq.errors import InputError
-from ctx_fairseq.prep.common import PrepDocsError, read_text_lines
+from ctx_fairseq.prep.common import read_text_lines
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 from ctx_fairseq.prep.docs import load_sgml, write_documents
 from ctx_fairseq.prep.text_docs import load_tags
 from ctx_fairseq.prep.xml_docs import load_xml

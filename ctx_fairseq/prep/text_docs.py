@@ -6,8 +6,8 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ctx_fairseq.data.docids import read_docid_lines as read_docids
-from ctx_fairseq.prep.common import (
-    WHITESPACE, ParallelDoc, PrepDocsError, check_docid, clean_text, read_lines, read_text_lines)
+from ctx_fairseq.prep.common import WHITESPACE, ParallelDoc, clean_text, read_text_lines
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError, check_docid, read_lines
 
 # --------------------------------------------------------------------------
 # plain text

@@ -6,7 +6,8 @@ file)."""
 import re
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ctx_fairseq.prep.common import ParallelDoc, PrepDocsError, check_docid, clean_text
+from ctx_fairseq.prep.common import ParallelDoc, clean_text
+from ctx_fairseq.data.docids import DocFileError as PrepDocsError, check_docid
 
 # --------------------------------------------------------------------------
 # XML

@@ -13,10 +13,7 @@ from fairseq.tasks.translation import TranslationConfig
 from omegaconf import II
 
 from ctx_fairseq.data.conditions import ABLATIONS
-from ctx_fairseq.data.document_dataset import (
-    DIRECTIONS,
-    DOCUMENT_CONTEXTS,
-)
+from ctx_fairseq.data.layouts import DIRECTIONS, DOCUMENT_CONTEXTS
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,8 @@ from fairseq import utils
 
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.concat_dataset import ConcatContextDataset, concat_limits
-from ctx_fairseq.data.document_dataset import (
-    DocumentContextDataset,
-    read_docids,
-)
+from ctx_fairseq.data.document_dataset import DocumentContextDataset
+from ctx_fairseq.data.docids import read_docids
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.context_options import (
     context_option_diff,

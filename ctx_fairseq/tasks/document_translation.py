@@ -134,12 +134,9 @@ from fairseq.tasks.translation import TranslationTask
 
 from ctx_fairseq.data.concat_dataset import ConcatContextDataset
 from ctx_fairseq.data.contract import ContextSpec, model_contract
-from ctx_fairseq.data.document_dataset import (
-    DocumentContextDataset,
-    DocumentShardedEpochBatchIterator,
-    merge_context_layouts,
-    normalise_context_layout,
-)
+from ctx_fairseq.data.document_dataset import DocumentContextDataset
+from ctx_fairseq.data.batching import DocumentShardedEpochBatchIterator
+from ctx_fairseq.data.layouts import merge_context_layouts, normalise_context_layout
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.context_options import (
     CONTEXT_OPTIONS,

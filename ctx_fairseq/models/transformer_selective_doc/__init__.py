@@ -140,20 +140,7 @@ word weights of Eq. 4 per selected (token, head, sentence); not with
 
 # The package by role, as fairseq's transformer: ``common`` (batch keys and
 # helpers), ``encoder``, ``decoder``, ``model`` (registration, options,
-# architectures). Importing the package registers the model.
-from ctx_fairseq.models.transformer_selective_doc.common import (  # noqa: F401
-    MEMORY_CACHE_SENTENCES,
-    MEMORY_CHUNK_TOKENS,
-    MEMORY_KEYS,
-    QUERY_KEYS,
-    ROW_INDEX_KEYS,
-    first_queries_state_index,
-    frozen_source,
-    memory_state_index,
-)
-from ctx_fairseq.models.transformer_selective_doc.decoder import SelectiveDocDecoder
-from ctx_fairseq.models.transformer_selective_doc.encoder import SelectiveDocEncoder
-from ctx_fairseq.models.transformer_selective_doc.model import TransformerSelectiveDocModel
+# architectures). Importing the package registers the model; every name is
+# imported from the module that defines it.
+from ctx_fairseq.models.transformer_selective_doc import model  # noqa: F401  (registers the model)
 
-__all__ = ["TransformerSelectiveDocModel", "SelectiveDocEncoder", "SelectiveDocDecoder",
-           "memory_state_index", "first_queries_state_index"]
