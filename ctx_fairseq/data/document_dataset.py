@@ -87,6 +87,55 @@ from ctx_fairseq.errors import InputError
 logger = logging.getLogger(__name__)
 
 
+def check_spec(spec: ContextSpec) -> None:
+    """The values of ``spec`` a dataset can be built from (ValueError naming
+    the option; the task checks the same options with one-line errors
+    before any data is read)."""
+    for name, value, allowed in (("--context-direction", spec.context_direction, DIRECTIONS),
+                                 ("--context-ablation", spec.ablation, ABLATIONS),
+                                 ("--document-context", spec.document_context or "none",
+                                  DOCUMENT_CONTEXTS)):
+        if value not in allowed:
+            raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    for name, v in (("--source-context-size", spec.source_context_size),
+                    ("--target-context-size", spec.target_context_size)):
+        if v is None or int(v) < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+    if spec.memory_precomputed and not spec.document_memory:
+        raise ValueError("--memory-precomputed goes with --document-memory")
+    if spec.document_memory and not spec.whole_document:
+        raise ValueError("--document-memory needs --document-context online|offline (which "
+                         "sentences of the document a sentence may see)")
+    buckets = spec.length_buckets
+    if buckets is None or int(buckets) < 1:
+        raise ValueError(f"--length-buckets must be an integer >= 1, got {buckets!r}")
+    if int(buckets) > 1 and not spec.document_memory:
+        raise ValueError("--length-buckets groups the sentences of a document-memory batch "
+                         "(--document-memory) by length; other batches are already "
+                         "sorted by length")
+    for name, v in (("--context-dropout", spec.context_dropout),
+                    ("--coword-dropout", spec.coword_dropout)):
+        if v is None or not 0.0 <= float(v) <= 1.0:
+            raise ValueError(f"{name} must be a probability in [0, 1], got {v!r}")
+
+
+def check_context_limits(limits: Optional[Dict[str, object]], n: int) -> Dict[str, object]:
+    """``{"src": ..., "tgt": ...}``, each side None (no limit), one number
+    >= 1 or ``n`` per-sentence numbers >= 0 (ValueError otherwise)."""
+    limits = dict(limits or {})
+    out = {side: limits.get(side) for side in ("src", "tgt")}
+    for side, v in out.items():
+        name = "source" if side == "src" else "target"
+        if v is None:
+            continue
+        if np.ndim(v) == 0 and int(v) < 1:
+            raise ValueError(f"maximum {name} context length must be >= 1, got {v!r}")
+        if np.ndim(v) == 1 and (len(v) != n or (np.asarray(v) < 0).any()):
+            raise ValueError(f"per-sentence maximum {name} context lengths: expected "
+                             f"{n} values >= 0")
+    return out
+
+
 class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
     """A ``LanguagePairDataset`` with document structure and context inputs.
 
@@ -135,61 +184,25 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         self._rebuild = dict(separator=separator, tgt_context=tgt_context,
                              max_context_tokens=max_context_tokens, docids_path=docids_path)
         self._doc_ids = doc_ids
-        max_context_tokens = dict(max_context_tokens or {})
-        max_src_context_tokens = max_context_tokens.get("src")
-        max_tgt_context_tokens = max_context_tokens.get("tgt")
-        src_context_size, tgt_context_size = spec.source_context_size, spec.target_context_size
-        direction, ablation = spec.context_direction, spec.ablation
-        document_context = spec.document_context or "none"
-        length_buckets = spec.length_buckets
-        if direction not in DIRECTIONS:
-            raise ValueError(f"--context-direction: expected one of {DIRECTIONS}, got {direction!r}")
-        if ablation not in ABLATIONS:
-            raise ValueError(f"--context-ablation: expected one of {ABLATIONS}, got {ablation!r}")
-        if document_context not in DOCUMENT_CONTEXTS:
-            raise ValueError(f"--document-context: expected one of {DOCUMENT_CONTEXTS}, "
-                             f"got {document_context!r}")
-        for name, v in (("--source-context-size", src_context_size),
-                        ("--target-context-size", tgt_context_size)):
-            if v is None or int(v) < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
-        for name, v in (("source", max_src_context_tokens), ("target", max_tgt_context_tokens)):
-            if v is None:
-                continue
-            if np.ndim(v) == 0 and int(v) < 1:
-                raise ValueError(f"maximum {name} context length must be >= 1, got {v!r}")
-            if np.ndim(v) == 1 and (len(v) != len(base) or (np.asarray(v) < 0).any()):
-                raise ValueError(f"per-sentence maximum {name} context lengths: expected "
-                                 f"{len(base)} values >= 0")
+        limits = check_context_limits(max_context_tokens, len(base))
+        check_spec(spec)
         check_docids(doc_ids, docids_path, len(base))
         self.base = base
         self.docids_path = docids_path
         self.src_dict, self.tgt_dict = base.src_dict, base.tgt_dict
         self.left_pad_source, self.left_pad_target = base.left_pad_source, base.left_pad_target
         self.pad_to_multiple = getattr(base, "pad_to_multiple", 1)
+        src_context_size, tgt_context_size = spec.source_context_size, spec.target_context_size
         self.src_context_size, self.tgt_context_size = int(src_context_size), int(tgt_context_size)
-        self.direction, self.ablation, self.seed = direction, ablation, int(spec.seed)
+        direction = spec.context_direction
+        document_context = spec.document_context or "none"
+        self.direction, self.ablation, self.seed = direction, spec.ablation, int(spec.seed)
         self.document_context = document_context
         self.document_memory = bool(spec.document_memory)
         self.memory_precomputed = bool(spec.memory_precomputed)
-        if self.memory_precomputed and not self.document_memory:
-            raise ValueError("--memory-precomputed goes with --document-memory")
-        if self.document_memory and document_context == "none":
-            raise ValueError("--document-memory needs --document-context online|offline (which "
-                             "sentences of the document a sentence may see)")
-        if length_buckets is None or int(length_buckets) < 1:
-            raise ValueError(f"--length-buckets must be an integer >= 1, got {length_buckets!r}")
-        if int(length_buckets) > 1 and not self.document_memory:
-            raise ValueError("--length-buckets groups the sentences of a document-memory batch "
-                             "(--document-memory) by length; other batches are already "
-                             "sorted by length")
         #: document-memory batches: the rows' length groups (collater, see
         #: :func:`ctx_fairseq.data.memory_index.length_buckets`)
-        self.length_buckets = int(length_buckets)
-        for name, v in (("--context-dropout", spec.context_dropout),
-                        ("--coword-dropout", spec.coword_dropout)):
-            if v is None or not 0.0 <= float(v) <= 1.0:
-                raise ValueError(f"{name} must be a probability in [0, 1], got {v!r}")
+        self.length_buckets = int(spec.length_buckets)
         #: training only (the task gives them to the split fairseq-train trains on)
         self.context_dropout = float(spec.context_dropout)
         self.coword_dropout = float(spec.coword_dropout)
@@ -202,7 +215,7 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         self.document_batching = bool(spec.document_batching) or document_context != "none"
         self.eos = self.src_dict.eos()
         self.separator = self.eos if separator is None else int(separator)
-        self.max_context_tokens = {"src": max_src_context_tokens, "tgt": max_tgt_context_tokens}
+        self.max_context_tokens = limits
         if tgt_context is not None and len(tgt_context) != len(base):
             raise ValueError(f"target context: {len(tgt_context)} lines for {len(base)} sentences")
         self.tgt_context = tgt_context
@@ -246,10 +259,10 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
                 self.full_windows[side] = context_ranges(s_start, s_end, None, "both")
             else:
                 self.full_windows[side] = context_ranges(s_start, s_end, k, direction)
-        self.donor = self._shuffled_donors() if ablation == "shuffled" else None
+        self.donor = self._shuffled_donors() if self.ablation == "shuffled" else None
         #: document memory, shuffled ablation: per document the document whose memory it reads
         self.memory_donor = (self._memory_donors() if self.document_memory
-                             and ablation == "shuffled" else None)
+                             and self.ablation == "shuffled" else None)
         self.context_layout = normalise_context_layout(None)
         self.set_context_layout(context_layout)
         self.refresh_context_lengths()
