@@ -442,7 +442,8 @@ def test_smoke_end_to_end(tmp_path):
         # the context is bounded
         assert "arg=--coword-dropout" in args, (m, args)
         bounded = m in ("concat", "context_aware", "zhang2018", "han", "han_enc", "selective")
-        assert ("arg=--sample-context-size" in args) == bounded, (m, args)
+        assert ("arg=--sampled-context-size" in args) == bounded, (m, args)
+        assert "arg=--sample-context-size" not in args, (m, args)  # the deprecated name
         assert "arg=--doc-word-capacity" not in args, (m, args)  # removed (issue 24)
     ca = (work / "smoke" / "checkpoints" / "context_aware" / "train.args").read_text()
     assert res["models"]["context_aware"]["updates"] > res["models"]["transformer"]["updates"]
@@ -473,7 +474,9 @@ def test_smoke_end_to_end(tmp_path):
     # selective's window: translation and validation read window K (the task's option)
     sel = res["models"]["selective"]["commands"]
     for tool in ("fairseq-generate", "fairseq-generate.heldout", "fairseq-validate"):
-        assert "--document-memory" in sel[tool] and "--sample-context-size 2" in sel[tool], tool
+        assert "--document-memory" in sel[tool] and "--memory-window 2" in sel[tool], tool
+        assert "--sample-context-size" not in sel[tool], tool
+    assert "--sampled-context-size 2" in sel["fairseq-train"]
     assert "--arch transformer_han_enc" in res["models"]["han_enc"]["commands"]["fairseq-train"]
     # (the held-out split's translation beside the test split's)
     assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate",

@@ -38,7 +38,7 @@ Environment (defaults in README.md): MODELS, EPISODES (FIRST:END), BPE_MERGES,
 MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, DOC_TOKENS (stage-2 target-token budget:
 updates per model from it), BEAM, SEED, TVSUB_URL, TVSUB_REF (a git revision),
 DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT, COWORD_DROPOUT,
-SAMPLE_CONTEXT (1: --sample-context-size K), MEMORY_WINDOW (selective, with
+SAMPLE_CONTEXT (1: --sampled-context-size K), MEMORY_WINDOW (selective, with
 SAMPLE_CONTEXT: windows 0..K on its memory), HELDOUT (FIRST:END held-out
 episodes), HELDOUT_SENTS, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON.
 (WORD_CAPACITY, selective's removed word-level capacity: an error.)"
@@ -216,7 +216,7 @@ GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 # M_GEN (generation only), M_ITER (1: iterative decoding, pass 1 by the stage-1
 # model), M_CXMI (1: a context model, measured by ctx-cxmi, the document memory
 # included; 0: sentence-level, nothing to measure), M_K (the bounded context
-# size, for --sample-context-size; 0: none), M_TRAIN (training only:
+# size, for --sampled-context-size; 0: none), M_TRAIN (training only:
 # CONTEXT_DROPOUT, COWORD_DROPOUT (every model: the sentence-level ones through
 # the document task with no context) and SAMPLE_CONTEXT, Fernandes et al. 2021;
 # generation, ctx-iterative-decode included, takes no such option).
@@ -259,11 +259,11 @@ tvsub_model_spec() {
             M_MODEL=(--doc-attention hierarchical --sentence-attn sparsemax --word-attn softmax
                      --context-memory frozen)
             # the sampled context size's equivalent for a memory: windows 0..K in
-            # training; translation, validation and CXMI read window K (the task
-            # does so only when given the option: it goes with the task's options)
+            # training (--sampled-context-size, below); translation, validation and
+            # CXMI read window K (--memory-window: it goes with the task's options)
             if [ -n "$SAMPLE_CONTEXT" ] && [ -n "$MEMORY_WINDOW" ]; then
                 M_K=$MEMORY_WINDOW; M_WINDOW=1
-                M_TASK+=(--sample-context-size "$MEMORY_WINDOW")
+                M_TASK+=(--memory-window "$MEMORY_WINDOW")
             fi ;;
         dc)  # Xu et al.: sentence-level (local context) from the stage-1 weights
             # (--init-from-sentence-checkpoint is the document task's: no context)
@@ -276,8 +276,8 @@ tvsub_model_spec() {
     esac
     if [ "$M_CXMI" = 1 ]; then  # a context model: its training's dropouts (not generation's)
         if [ -n "$CONTEXT_DROPOUT" ]; then M_TRAIN+=(--context-dropout "$CONTEXT_DROPOUT"); fi
-        if [ -n "$SAMPLE_CONTEXT" ] && [ "$M_K" -gt 0 ] && [ "$M_WINDOW" = 0 ]; then
-            M_TRAIN+=(--sample-context-size "$M_K")
+        if [ -n "$SAMPLE_CONTEXT" ] && [ "$M_K" -gt 0 ]; then  # (a memory: its windows)
+            M_TRAIN+=(--sampled-context-size "$M_K")
         fi
     fi
     # CoWord dropout: every stage-2 model (the sentence-level ones too: no confound)
