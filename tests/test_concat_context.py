@@ -356,7 +356,7 @@ def test_alignment_of_the_current_sentence(concat_ckpt, toy_bin):
 def test_contrastive_scores_the_current_sentence_only(concat_ckpt, toy_bin, toy_corpus):
     """The score is the current sentence's log-probability given the context
     (prefix tokens excluded): computed here from a training batch."""
-    from ctx_fairseq.eval import contrastive as C
+    from ctx_fairseq.eval.scoring import contrastive as C
 
     res, suite, scores = C.evaluate_checkpoint(concat_ckpt, toy_bin,
                                                os.path.join(toy_corpus, "test.contrastive.jsonl"),

@@ -253,7 +253,7 @@ def test_demo_contrastive_and_shuffled(context_ckpt, toy_bin, toy_corpus):
 
     ckpt, _ = context_ckpt
     jsonl = os.path.join(toy_corpus, "test.contrastive.jsonl")
-    from ctx_fairseq.eval.context_aware_analysis import contrastive_with_context
+    from ctx_fairseq.eval.analyses.context_aware_analysis import contrastive_with_context
 
     res = contrastive_with_context(ckpt, toy_bin, jsonl)
     n = len(read_contrastive(jsonl))
@@ -261,7 +261,7 @@ def test_demo_contrastive_and_shuffled(context_ckpt, toy_bin, toy_corpus):
     assert set(res["by_phenomenon"]) <= {"pronoun", "lexical_cohesion"}
     assert {"overall", "by_phenomenon", "by_distance"} <= set(res)
     # ctx-score-contrastive takes the same path (with context), never the context-free one
-    from ctx_fairseq.eval.contrastive import evaluate_checkpoint
+    from ctx_fairseq.eval.scoring.contrastive import evaluate_checkpoint
 
     assert evaluate_checkpoint(ckpt, toy_bin, jsonl) == res
     shuffled = contrastive_with_context(ckpt, toy_bin, jsonl, ablation="shuffled")
@@ -269,7 +269,7 @@ def test_demo_contrastive_and_shuffled(context_ckpt, toy_bin, toy_corpus):
 
 
 def test_demo_contrastive_checks_records(context_ckpt, toy_bin, toy_corpus, tmp_path):
-    from ctx_fairseq.eval.context_aware_analysis import contrastive_with_context
+    from ctx_fairseq.eval.analyses.context_aware_analysis import contrastive_with_context
 
     ckpt, _ = context_ckpt
     recs = [json.loads(x) for x in open(os.path.join(toy_corpus, "test.contrastive.jsonl"))]
@@ -281,7 +281,7 @@ def test_demo_contrastive_checks_records(context_ckpt, toy_bin, toy_corpus, tmp_
 
 
 def test_analysis_cli(context_ckpt, toy_bin, tmp_path):
-    from ctx_fairseq.eval import context_aware_analysis as caa
+    from ctx_fairseq.eval.analyses import context_aware_analysis as caa
 
     ckpt, _ = context_ckpt
     out = str(tmp_path / "ana")

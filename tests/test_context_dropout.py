@@ -206,7 +206,7 @@ def test_training_runs_with_dropout(arch, extra, toy_bin, tmp_path, monkeypatch)
     state = checkpoint_utils.load_checkpoint_to_cpu(ckpt)
     assert state["cfg"]["task"]["context_dropout"] == 0.3
     # validation of the trained model: dropout on or off at training gives the same
-    from ctx_fairseq.eval.contrastive import load_checkpoint
+    from ctx_fairseq.eval.scoring.contrastive import load_checkpoint
 
     model, task, _ = load_checkpoint(ckpt, toy_bin, cuda=False)
     task.load_dataset("valid")

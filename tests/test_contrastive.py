@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ctx_fairseq.data.conditions import ContextCondition
-from ctx_fairseq.eval import contrastive as C
-from ctx_fairseq.eval.contrastive_suites import read_suite
+from ctx_fairseq.eval.scoring import contrastive as C
+from ctx_fairseq.eval.scoring.contrastive_suites import read_suite
 from suite_fixtures import toy_examples, write_contrapro, write_pairs, write_voita
 
 
@@ -156,7 +156,7 @@ def test_ties_are_counted_separately(sentence_ckpt, toy_bin, toy_corpus, tmp_pat
 
 
 def test_summarize_outcomes():
-    from ctx_fairseq.eval.contrastive_suites import Candidate, Example, Suite
+    from ctx_fairseq.eval.scoring.contrastive_suites import Candidate, Example, Suite
 
     exs = [Example("s", [Candidate("a"), Candidate("b")], 0, "p", "1"),
            Example("s", [Candidate("a"), Candidate("b"), Candidate("c")], 2, "p", "2"),
@@ -173,7 +173,7 @@ def test_summarize_outcomes():
 
 
 def test_context_checks_without_a_model():
-    from ctx_fairseq.eval.contrastive_suites import Suite
+    from ctx_fairseq.eval.scoring.contrastive_suites import Suite
 
     scorer = C.ContrastiveScorer.__new__(C.ContrastiveScorer)
     scorer.context, scorer.notes, scorer.gold_target_context = True, [], False

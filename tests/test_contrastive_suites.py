@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ctx_fairseq.eval.contrastive_suites import SuiteError, read_suite
+from ctx_fairseq.eval.scoring.contrastive_suites import SuiteError, read_suite
 from suite_fixtures import write_contrapro, write_pairs, write_voita
 
 EXAMPLES = [

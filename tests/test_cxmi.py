@@ -39,14 +39,14 @@ def _sentence_logprob(model, ds, i, edit=None):
 
 @pytest.fixture(scope="module")
 def loaded(context_ckpt, toy_bin):
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     return cxmi.load(context_ckpt[0], toy_bin, cuda=False)
 
 
 @pytest.fixture(scope="module")
 def measured(loaded):
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     model, task, cfg = loaded
     return cxmi.compute_cxmi(model, task, cfg, "test", CONDS, max_tokens=300, lang="de")
@@ -56,7 +56,7 @@ def test_cxmi_equals_independent_logprobs(loaded, measured):
     """cxmi = mean over target tokens of log p(y|x,C) - log p(y|x,C'), with
     every log-probability recomputed sentence by sentence; none's input built
     by hand (the batch's context replaced by an empty one)."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     model, task, cfg = loaded
     result, words = measured
@@ -100,7 +100,7 @@ def test_cxmi_equals_independent_logprobs(loaded, measured):
 
 
 def test_outputs(measured, tmp_path):
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     result, words = measured
     paths = cxmi.write_outputs(result, words, str(tmp_path))
@@ -141,8 +141,8 @@ def test_class_breakdown_per_word_and_by_repetition(loaded, measured, tmp_path):
     """Each listed class's mean P-CXMI per member word and split by whether the
     word is repeated from the previous reference sentence of its document, both
     recomputed here from the reference text and the per-word records."""
-    from ctx_fairseq.eval import cxmi
-    from ctx_fairseq.eval.word_classes import classes_for, normalise
+    from ctx_fairseq.eval.context_use import cxmi
+    from ctx_fairseq.eval.context_use.word_classes import classes_for, normalise
 
     model, task, cfg = loaded
     result, words = measured
@@ -196,7 +196,7 @@ def test_class_breakdown_per_word_and_by_repetition(loaded, measured, tmp_path):
 
 
 def test_none_is_the_headline_and_conditions_checked(loaded):
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     model, task, cfg = loaded
     result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=300)
@@ -213,7 +213,7 @@ def test_none_is_the_headline_and_conditions_checked(loaded):
 def test_batch_logprobs_adds_no_host_read(loaded):
     """The per-batch work beyond the model's forward reads nothing back (the
     batch is moved to the device before, host-to-device)."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
     from ctx_fairseq.host_reads import HostReadCounter
 
     model, task, cfg = loaded
@@ -270,7 +270,7 @@ class _ModelElsewhere:
 def test_model_on_another_device(loaded):
     """Batches go to the model's device, results come back once: the same
     numbers as on the CPU (a second device simulated on the CPU)."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
     from other_device import OtherDeviceMode
 
     model, task, cfg = loaded
@@ -284,7 +284,7 @@ def test_model_on_another_device(loaded):
 
 
 def test_batching_does_not_change_the_numbers(loaded, measured):
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     model, task, cfg = loaded
     result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["shuffled"], max_tokens=None,
@@ -293,7 +293,7 @@ def test_batching_does_not_change_the_numbers(loaded, measured):
 
 
 def test_errors(sentence_ckpt, context_ckpt, toy_bin, tmp_path, monkeypatch):
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     with pytest.raises(cxmi.CXMIError, match="sentence-level checkpoint"):
         cxmi.load(sentence_ckpt, toy_bin, cuda=False)
@@ -358,7 +358,7 @@ def test_document_memory_models(name, toy_bin, tmp_path, selective_dec_ckpt):
     sentence-by-sentence log-probabilities (each sentence a batch of its own:
     a memory of its own batch); none: the same as the sentence with
     ``query_doc = -1`` (a context-dropped sentence: no visible memory)."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     ckpt = _memory_checkpoint(name, toy_bin, tmp_path, selective_dec_ckpt)
     model, task, cfg = cxmi.load(ckpt, toy_bin, cuda=False)
@@ -399,7 +399,7 @@ def test_a_document_memory_trained_with_a_sampled_window(toy_bin, tmp_path):
     sentences at most N positions away (checked sentence by sentence), the
     curve has K+1 points, N above K is refused; without the sampled size any
     N is taken, and the curve is refused."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     save = str(tmp_path / "ckpt")
     train([toy_bin, *MEMORY_ARCHS["selective_doc_online"], "--task", "document_translation",
@@ -439,7 +439,7 @@ def test_a_document_memory_trained_with_a_sampled_window(toy_bin, tmp_path):
 
 
 def test_cli(context_ckpt, toy_bin, tmp_path, capsys):
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     cxmi.cli_main(["--path", context_ckpt[0], "--data", toy_bin, "--split", "valid",
                    "--out", str(tmp_path), "--cpu", "--conditions", "shuffled",
@@ -458,7 +458,7 @@ def test_console_script():
 
 
 def test_merge_words():
-    from ctx_fairseq.eval.cxmi import merge_words
+    from ctx_fairseq.eval.context_use.cxmi import merge_words
 
     assert merge_words(["a@@", "b", "c", "</s>"]) == [("ab", 0, 2), ("c", 2, 3), ("</s>", 3, 4)]
     assert merge_words(["\u2581ab", "c", "\u2581d", "</s>"], "sentencepiece") == \
@@ -466,7 +466,7 @@ def test_merge_words():
 
 
 def test_word_lists():
-    from ctx_fairseq.eval.word_classes import LANGUAGES, classes_for, normalise
+    from ctx_fairseq.eval.context_use.word_classes import LANGUAGES, classes_for, normalise
 
     assert set(LANGUAGES) == {"en", "de", "fr", "ru", "zh"}
     for lang in LANGUAGES:
@@ -496,7 +496,7 @@ def test_every_context_architecture(name, toy_bin, tmp_path):
     """Each context architecture with per-sentence context: all conditions,
     checked against sentence-by-sentence log-probabilities (concatenation's
     none: the model run on the sentence alone, a sentence-level batch)."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     save = str(tmp_path / "ckpt")
     train([toy_bin, *ARCHS[name], *TINY_MODEL_ARGS, "--share-all-embeddings", "--optimizer",
@@ -546,7 +546,7 @@ def test_paper_cxmi_by_hand(sampled_ckpt, toy_bin):
     sentences. ctx-cxmi's headline matches it to 1e-6; --context-size 0 gives
     0 exactly; the curve over sizes 0..K has K+1 points, 0 at size 0 and the
     headline at K."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     model, task, cfg = cxmi.load(sampled_ckpt, toy_bin, cuda=False)
     assert task.cfg.sample_context_size == 1 and cxmi.trained_context_size(task) == 1
@@ -583,7 +583,7 @@ def test_paper_cxmi_by_hand(sampled_ckpt, toy_bin):
 def test_context_size_bad_input(sampled_ckpt, context_ckpt, toy_bin, tmp_path, capsys):
     """--context-size above the trained K, negative, or --curve on a memory
     model: a one-line error, nothing written."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     model, task, cfg = cxmi.load(sampled_ckpt, toy_bin, cuda=False)
     with pytest.raises(cxmi.CXMIError, match="larger than the checkpoint was trained with"):
@@ -605,7 +605,7 @@ def test_doc_bootstrap():
     """The document block bootstrap: too few documents give no interval and
     say why; the same seed, the same interval; documents that all gain give an
     interval above 0; a paired difference on the same draws."""
-    from ctx_fairseq.eval.cxmi import MIN_BOOTSTRAP_DOCS, doc_bootstrap
+    from ctx_fairseq.eval.context_use.cxmi import MIN_BOOTSTRAP_DOCS, doc_bootstrap
 
     few = doc_bootstrap(np.ones(MIN_BOOTSTRAP_DOCS - 1), np.ones(MIN_BOOTSTRAP_DOCS - 1))
     assert few["low"] is None and few["high"] is None and "too few" in few["note"]

@@ -28,8 +28,8 @@ OPTIM = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3",
 
 def test_sampled_context_model_uses_its_context(tmp_path):
     from ctx_fairseq.data.toy_corpus import make_toy_corpus
-    from ctx_fairseq.eval import cxmi
-    from ctx_fairseq.eval import generative_accuracy as ga
+    from ctx_fairseq.eval.context_use import cxmi
+    from ctx_fairseq.eval.scoring import generative_accuracy as ga
 
     raw, binned = str(tmp_path / "raw"), str(tmp_path / "bin")
     # every antecedent one sentence back: all of them within the model's one sentence

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ctx_fairseq  # noqa: F401
-from ctx_fairseq.eval import bleu_by_length as bbl
-from ctx_fairseq.eval import dc_jsd
+from ctx_fairseq.eval.scoring import bleu_by_length as bbl
+from ctx_fairseq.eval.analyses import dc_jsd
 from fairseq_cli_utils import TINY_MODEL_ARGS, generate, hypotheses, train
 from test_transformer_dc import build, rand_tokens
 

@@ -139,7 +139,7 @@ def test_changed_training_settings_start_anew(tiny_model, tmp_path, capsys):
 def test_demo_cxmi_column_is_ctx_cxmi(tiny_model, tmp_path, capsys):
     """A context model's CXMI cell is compute_cxmi's CXMI against shuffled
     context on the test split, recomputed here from the checkpoint."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     work = str(tmp_path / "ctx")
     demo.cli_main(["--workdir", work, "--archs", "transformer_context_aware", *TINY])

@@ -1,4 +1,4 @@
-"""ctx-doc-bleu (ctx_fairseq.eval.doc_bleu): document-level and sentence-level
+"""ctx-doc-bleu (ctx_fairseq.eval.scoring.doc_bleu): document-level and sentence-level
 sacreBLEU of fairseq-generate output with the split's docids; checked against
 sacreBLEU computed here directly, on hand-written outputs and on a real
 fairseq-generate run of the toy corpus; every error."""
@@ -10,7 +10,7 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU
 
-from ctx_fairseq.eval.doc_bleu import cli_main
+from ctx_fairseq.eval.scoring.doc_bleu import cli_main
 from fairseq_cli_utils import generate
 
 DOCIDS = ["talk-a"] * 3 + ["talk-b"] * 2 + ["talk-c"] * 3

@@ -288,7 +288,7 @@ def test_analysis_uses_reference_target_context_only_when_asked(context_ckpt, to
                                                                 monkeypatch):
     from fairseq_cli import generate as fs_generate
 
-    from ctx_fairseq.eval import context_aware_analysis as caa
+    from ctx_fairseq.eval.analyses import context_aware_analysis as caa
 
     seen = []
     monkeypatch.setattr(fs_generate, "main", lambda args: seen.append(args))
@@ -470,7 +470,7 @@ def test_target_context_sources_are_exclusive_and_files_may_have_a_bom(toy_bin, 
 
 def test_score_contrastive_scores_document_checkpoints_with_context(context_ckpt, toy_bin,
                                                                    toy_corpus, capsys, tmp_path):
-    from ctx_fairseq.eval import contrastive
+    from ctx_fairseq.eval.scoring import contrastive
 
     ckpt, _ = context_ckpt
     jsonl = os.path.join(toy_corpus, "test.contrastive.jsonl")

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from ctx_fairseq.eval import generative_accuracy as ga
-from ctx_fairseq.eval.contrastive_suites import Candidate, Example, Suite, read_suite
+from ctx_fairseq.eval.scoring import generative_accuracy as ga
+from ctx_fairseq.eval.scoring.contrastive_suites import Candidate, Example, Suite, read_suite
 from suite_fixtures import toy_examples, write_contrapro, write_pairs, write_voita
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -304,7 +304,7 @@ def test_translation_on_another_device(context_ckpt, toy_bin, toy_corpus):
 
     import torch
 
-    from ctx_fairseq.eval.contrastive import ContrastiveScorer, load_checkpoint
+    from ctx_fairseq.eval.scoring.contrastive import ContrastiveScorer, load_checkpoint
     from ctx_fairseq.eval.text_units import TextEncoder
     from other_device import OTHER, OtherDeviceMode, checked_generator
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from ctx_fairseq.eval.hybrid_gates import (
+from ctx_fairseq.eval.analyses.hybrid_gates import (
     GateCollector,
     GateAnalysisError,
     cli_main,

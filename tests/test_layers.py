@@ -73,7 +73,7 @@ def violations(part: str, allowed):
     for f in files:
         with open(f, encoding="utf-8") as fh:
             for line, mod in ctx_imports(fh.read(), f):
-                if mod == ROOT_IMPORT and part in ("eval", "cli"):
+                if mod == ROOT_IMPORT and part.split("/")[0] in ("eval", "cli"):
                     continue  # registers the plugin
                 if not any(mod == a or mod.startswith(a + ".") for a in allowed):
                     bad.append(f"{os.path.relpath(f, ROOT)}:{line}: imports {mod}")
@@ -88,13 +88,13 @@ def test_the_ground_floor_imports_nothing_above_it(part):
 def test_the_check_sees_every_kind_of_import():
     src = ("import os\nfrom ctx_fairseq.data.docids import read_docids\n"
            "def f():\n    from ctx_fairseq.modules.sentence_cache import row_keys\n"
-           "import ctx_fairseq.eval.cxmi as c\nfrom ctx_fairseq import prep\nfrom . import x\n")
-    assert ctx_imports(src) == [(2, "ctx_fairseq.data.docids"), (5, "ctx_fairseq.eval.cxmi"),
+           "import ctx_fairseq.eval.context_use.cxmi as c\nfrom ctx_fairseq import prep\nfrom . import x\n")
+    assert ctx_imports(src) == [(2, "ctx_fairseq.data.docids"), (5, "ctx_fairseq.eval.context_use.cxmi"),
                                 (6, "ctx_fairseq.prep"), (7, "."),
                                 (4, "ctx_fairseq.modules.sentence_cache")]
     mods = [m for _, m in ctx_imports(src)]
     assert [m for m in mods if not m.startswith("ctx_fairseq.data")] == [
-        "ctx_fairseq.eval.cxmi", "ctx_fairseq.prep", ".", "ctx_fairseq.modules.sentence_cache"]
+        "ctx_fairseq.eval.context_use.cxmi", "ctx_fairseq.prep", ".", "ctx_fairseq.modules.sentence_cache"]
 
 
 def test_corpus_preparation_is_not_in_the_runtime_data():
@@ -172,3 +172,14 @@ def test_no_module_is_in_an_import_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
     assert circles(_module_graph()) == []
+
+
+@pytest.mark.parametrize("group", ["eval/scoring", "eval/context_use"])
+def test_general_scoring_imports_no_papers_analysis(group):
+    """eval/ by role (docs/architecture.md): general scoring and context use
+    import no analysis of eval/analyses/ (an analysis may import them)."""
+    allowed = tuple(a for a in FLOORS["eval"] if a != "ctx_fairseq.eval") + (
+        "ctx_fairseq.eval.scoring", "ctx_fairseq.eval.context_use",
+        "ctx_fairseq.eval.checkpoints", "ctx_fairseq.eval.text_units",
+        "ctx_fairseq.eval.report_files")
+    assert violations(group, allowed) == []

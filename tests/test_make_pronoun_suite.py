@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from ctx_fairseq.eval import make_pronoun_suite as mps
-from ctx_fairseq.eval.contrastive_suites import read_toy
+from ctx_fairseq.eval.scoring import make_pronoun_suite as mps
+from ctx_fairseq.eval.scoring.contrastive_suites import read_toy
 from fairseq_cli_utils import run_main
 
 

@@ -35,7 +35,7 @@ def module_paths():
 
 def test_the_recipes_and_docs_name_module_paths():
     found = module_paths()
-    assert {"ctx_fairseq.prep.tvsub", "ctx_fairseq.eval.recipe_report"} <= set(found), found
+    assert {"ctx_fairseq.prep.tvsub", "ctx_fairseq.eval.scoring.recipe_report"} <= set(found), found
 
 
 @pytest.mark.parametrize("module", sorted(module_paths()))

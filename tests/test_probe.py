@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ctx_fairseq  # noqa: F401
-from ctx_fairseq.eval import probe
-from ctx_fairseq.eval.probe import ProbeError, ProbeSettings
+from ctx_fairseq.eval.analyses import probe
+from ctx_fairseq.eval.analyses.probe import ProbeError, ProbeSettings
 from fairseq_cli_utils import TINY_MODEL_ARGS
 
 # --------------------------------------------------------------------------- helpers

@@ -1,6 +1,6 @@
 """The recipes' Python helpers, once heredocs in recipes/lib/steps_{sentence,context}.sh:
 text extraction (ctx_fairseq.prep.recipe_text: extract, xml-sets) and scoring
-and reports (ctx_fairseq.eval.recipe_report: evaluate, bylength, summary,
+and reports (ctx_fairseq.eval.scoring.recipe_report: evaluate, bylength, summary,
 complexity, results-table); bad input on either command line is one line,
 ``PROG: error: ...``, exit status 2, no traceback."""
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ctx_fairseq.errors import InputError
-from ctx_fairseq.eval import recipe_report as rr
+from ctx_fairseq.eval.scoring import recipe_report as rr
 from ctx_fairseq.prep import recipe_text as rt
 from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 
@@ -344,7 +344,7 @@ def error_lines(stderr):
     ("ctx_fairseq.prep.recipe_text", ["extract", "--out-prefix", "{tmp}/t", "--l1", "a", "--l2", "b",
                                       "--src", "plain:{tmp}/none.txt", "--tgt", "plain:{tmp}/none.txt"],
      "none.txt: cannot read"),
-    ("ctx_fairseq.eval.recipe_report", ["results-table", "{tmp}", "md", "sentence=x"],
+    ("ctx_fairseq.eval.scoring.recipe_report", ["results-table", "{tmp}", "md", "sentence=x"],
      "tokenized_bleu.json: cannot read"),
 ], ids=["recipe_text", "recipe_report"])
 def test_bad_input_is_one_line(module, args, message, tmp_path):

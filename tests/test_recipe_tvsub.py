@@ -622,7 +622,7 @@ def test_report_pronoun_table():
     assert cells[7:] == ["0.1000 (4)", "-", "-", "0.0000 (2)", "-", "-"]
     assert report._pronoun_lines({"models": {"transformer": {"cxmi": "no context"}}}) == []
     # the persons' forms are exactly ctx-cxmi's English pronouns, each once
-    from ctx_fairseq.eval.word_classes import WORD_CLASSES
+    from ctx_fairseq.eval.context_use.word_classes import WORD_CLASSES
 
     forms = [w for _, words in report.PERSONS for w in words.split()]
     assert sorted(forms) == sorted(WORD_CLASSES["en"]["pronouns"])

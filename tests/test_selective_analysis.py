@@ -1,4 +1,4 @@
-"""ctx-selective-analysis (ctx_fairseq.eval.selective_analysis): top context
+"""ctx-selective-analysis (ctx_fairseq.eval.analyses.selective_analysis): top context
 sentences and words per head for one sentence, sparsemax support over a split,
 on tiny transformer_selective_doc checkpoints trained 2 updates on the toy
 corpus (encoder integration online, decoder integration online, flat-sentence
@@ -74,7 +74,7 @@ def _last_of_first_doc(corpus):
 
 
 def _run(argv):
-    from ctx_fairseq.eval.selective_analysis import cli_main
+    from ctx_fairseq.eval.analyses.selective_analysis import cli_main
 
     paths = cli_main(argv)
     with open(paths["json"], encoding="utf-8") as f:
@@ -192,7 +192,7 @@ def test_sentence_many_lines_and_first_sentences(enc_ckpt, toy_bin, corpus):
     online offsets, sums, word alignment (queries shorter and longer than
     their memory sentences); the first sentence of a document reports no
     context."""
-    from ctx_fairseq.eval.selective_analysis import (
+    from ctx_fairseq.eval.analyses.selective_analysis import (
         format_sentence, load_selective_model, sentence_analysis)
 
     model, task = load_selective_model(enc_ckpt, toy_bin)
@@ -214,7 +214,7 @@ def test_sentence_many_lines_and_first_sentences(enc_ckpt, toy_bin, corpus):
 
 def test_sentence_query_token_average(enc_ckpt, toy_bin, corpus):
     """The all-token masses are the mean of the per-token masses."""
-    from ctx_fairseq.eval.selective_analysis import load_selective_model, sentence_analysis
+    from ctx_fairseq.eval.analyses.selective_analysis import load_selective_model, sentence_analysis
 
     model, task = load_selective_model(enc_ckpt, toy_bin)
     line = _last_of_first_doc(corpus)
@@ -246,7 +246,7 @@ def test_sentence_decoder_cli(dec_ckpt, toy_bin, corpus, tmp_path):
 
 
 def test_flat_sentence_offline(flat_ckpt, toy_bin, corpus, tmp_path):
-    from ctx_fairseq.eval.selective_analysis import load_selective_model, sentence_analysis
+    from ctx_fairseq.eval.analyses.selective_analysis import load_selective_model, sentence_analysis
 
     docids, pos, _, _ = corpus
     line = 2
@@ -331,7 +331,7 @@ def test_support_decoder_and_flat(dec_ckpt, flat_ckpt, toy_bin, corpus, tmp_path
 
 
 def test_errors(enc_ckpt, toy_bin, tmp_path, capsys):
-    from ctx_fairseq.eval.selective_analysis import cli_main
+    from ctx_fairseq.eval.analyses.selective_analysis import cli_main
 
     def fails(argv, message):
         with pytest.raises(SystemExit) as exc:
@@ -354,7 +354,7 @@ def test_errors(enc_ckpt, toy_bin, tmp_path, capsys):
 def test_console_script_entry_returns_none(enc_ckpt, toy_bin, tmp_path, monkeypatch):
     """``main`` (the console script) returns None: sys.exit would turn the
     dict of paths into exit status 1."""
-    from ctx_fairseq.eval import selective_analysis
+    from ctx_fairseq.eval.analyses import selective_analysis
 
     out = tmp_path / "cs"
     monkeypatch.setattr("sys.argv", ["ctx-selective-analysis", "sentence", "--path", enc_ckpt,
@@ -368,7 +368,7 @@ def test_console_script_entry_returns_none(enc_ckpt, toy_bin, tmp_path, monkeypa
 def test_plot_without_context_still_writes_a_png(tmp_path):
     """A split where no token has a visible context sentence (single-sentence
     documents): the support PNG is written and says so."""
-    from ctx_fairseq.eval.selective_analysis import write_outputs
+    from ctx_fairseq.eval.analyses.selective_analysis import write_outputs
 
     res = {"split": "test", "sentence_support_histogram": {}, "mean_sentence_support": None,
            "mean_visible_sentences": None, "mean_gate": None}
@@ -377,7 +377,7 @@ def test_plot_without_context_still_writes_a_png(tmp_path):
 
 
 def test_not_a_selective_checkpoint(toy_bin, tmp_path, capsys):
-    from ctx_fairseq.eval.selective_analysis import cli_main
+    from ctx_fairseq.eval.analyses.selective_analysis import cli_main
 
     ckpt = _train(toy_bin, str(tmp_path / "plain"),
                   ["--task", "document_translation", "--source-context-size", "0", "--arch",

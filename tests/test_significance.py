@@ -1,4 +1,4 @@
-"""ctx_fairseq.eval.significance: sacreBLEU's paired bootstrap (its own
+"""ctx_fairseq.eval.scoring.significance: sacreBLEU's paired bootstrap (its own
 implementation, the same p-values), over sentences and over documents; the
 cases with nothing to test; bad input as one line, nothing written."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ctx_fairseq.eval import significance as sig
+from ctx_fairseq.eval.scoring import significance as sig
 
 
 def _data(n=200, docs=20, seed=0):
@@ -66,7 +66,7 @@ def test_bad_input(tmp_path, edit, match):
         files[name] = tmp_path / f"{name}.txt"
         files[name].write_text("".join(x + "\n" for x in lines))
     out = tmp_path / "out" / "paired.json"
-    p = subprocess.run([sys.executable, "-m", "ctx_fairseq.eval.significance", "--baseline",
+    p = subprocess.run([sys.executable, "-m", "ctx_fairseq.eval.scoring.significance", "--baseline",
                         str(files["b"]), "--system", str(files["s"]), "--refs", str(files["r"]),
                         "--docids", str(files["i"]), "--out", str(out)],
                        capture_output=True, text=True)

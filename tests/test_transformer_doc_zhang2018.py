@@ -475,7 +475,7 @@ def test_cli_one_step_encoder_integration(toy_bin, tmp_path):
 
 
 def test_contrastive_scoring(zhang_run, toy_bin, toy_corpus):
-    from ctx_fairseq.eval.contrastive import evaluate_checkpoint
+    from ctx_fairseq.eval.scoring.contrastive import evaluate_checkpoint
     from ctx_fairseq.data.toy_corpus import read_contrastive
 
     ckpt, _ = zhang_run

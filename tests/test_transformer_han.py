@@ -969,7 +969,7 @@ def test_joint_model_from_the_han_encoder_checkpoint(han_ckpt, toy_bin, tmp_path
 
 def test_contrastive_scoring(han_ckpt, toy_bin, toy_corpus):
     """ctx-score-contrastive builds the HAN's context through the task."""
-    from ctx_fairseq.eval.contrastive import evaluate_checkpoint
+    from ctx_fairseq.eval.scoring.contrastive import evaluate_checkpoint
     from ctx_fairseq.data.toy_corpus import read_contrastive
 
     ckpt, _ = han_ckpt

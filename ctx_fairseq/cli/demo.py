@@ -5,7 +5,7 @@ Steps: make the toy corpus (``ctx-make-toy``), binarize it with
 small model with ``fairseq-train --user-dir ctx_fairseq``, translate the test
 set with ``fairseq-generate``, score BLEU with sacreBLEU and the contrastive
 test set by antecedent distance, measure each context model's CXMI against
-shuffled context on the test split (:func:`ctx_fairseq.eval.cxmi.compute_cxmi`:
+shuffled context on the test split (:func:`ctx_fairseq.eval.context_use.cxmi.compute_cxmi`:
 the true and the shuffled context's teacher-forced passes; "-" for
 sentence-level models, and "-" with a footnote for a model ``ctx-cxmi``
 refuses, e.g. one with a document memory), and print one side-by-side table.
@@ -20,7 +20,7 @@ model, two-pass decoding, the architectures it adds to the default
 ``--archs``) is in :mod:`ctx_fairseq.cli.arch_hooks` (``DemoHooks``; a
 plugin registers its own with ``register_demo_hooks``); sentence-level models
 need none. Every checkpoint is scored by the one contrastive scorer
-(``ctx_fairseq.eval.contrastive.evaluate_checkpoint``, the task's context).
+(``ctx_fairseq.eval.scoring.contrastive.evaluate_checkpoint``, the task's context).
 """
 
 import argparse
@@ -269,7 +269,7 @@ def _preprocess(raw: str, binned: str) -> None:
 
 
 def _score(arch: str, ckpt: str, binned: str, jsonl: str, gen: str, out: str) -> None:
-    from ctx_fairseq.eval import contrastive
+    from ctx_fairseq.eval.scoring import contrastive
     from ctx_fairseq.generate_output import corpus_bleu, read_generate_output
 
     g = read_generate_output(gen)
@@ -289,10 +289,10 @@ def _score(arch: str, ckpt: str, binned: str, jsonl: str, gen: str, out: str) ->
 
 def _cxmi(ckpt: str, binned: str, sentence_level: bool) -> Dict:
     """CXMI against shuffled context on the test split (nats per target
-    token), through :func:`ctx_fairseq.eval.cxmi.compute_cxmi`; for a
+    token), through :func:`ctx_fairseq.eval.context_use.cxmi.compute_cxmi`; for a
     sentence-level model or one that ``ctx-cxmi`` refuses, ``shuffled`` is
     None and ``why`` says why (any other error fails the step)."""
-    from ctx_fairseq.eval import cxmi
+    from ctx_fairseq.eval.context_use import cxmi
 
     if sentence_level:
         return {"shuffled": None, "why": "sentence-level model (no context)", "refused": False}

@@ -15,28 +15,28 @@ def _run(target: str) -> None:
 
 
 def dc_jsd() -> None:
-    _run("ctx_fairseq.eval.dc_jsd:cli_main")
+    _run("ctx_fairseq.eval.analyses.dc_jsd:cli_main")
 
 
 def bleu_by_length() -> None:
-    _run("ctx_fairseq.eval.bleu_by_length:cli_main")
+    _run("ctx_fairseq.eval.scoring.bleu_by_length:cli_main")
 
 
 def hybrid_gates() -> None:
-    _run("ctx_fairseq.eval.hybrid_gates:cli_main")
+    _run("ctx_fairseq.eval.analyses.hybrid_gates:cli_main")
 
 
 def context_aware_analysis() -> None:
-    _run("ctx_fairseq.eval.context_aware_analysis:cli_main")
+    _run("ctx_fairseq.eval.analyses.context_aware_analysis:cli_main")
 
 
 def score_contrastive() -> None:
-    _run("ctx_fairseq.eval.contrastive:cli_main")
+    _run("ctx_fairseq.eval.scoring.contrastive:cli_main")
 
 
 def cxmi() -> None:
-    _run("ctx_fairseq.eval.cxmi:cli_main")
+    _run("ctx_fairseq.eval.context_use.cxmi:cli_main")
 
 
 def generative_accuracy() -> None:
-    _run("ctx_fairseq.eval.generative_accuracy:cli_main")
+    _run("ctx_fairseq.eval.scoring.generative_accuracy:cli_main")

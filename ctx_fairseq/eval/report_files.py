@@ -3,7 +3,7 @@ for image files (:func:`pyplot`) and a figure laid out, saved and closed
 (:func:`save_figure`); the ``PREFIX.{md,json,png}`` files of the analysis
 tools (:func:`write_table_files`: each file written in place; the
 contrastive tools write theirs whole or not at all,
-:func:`ctx_fairseq.eval.suite_report.write_report_files`); and what a tool
+:func:`ctx_fairseq.eval.scoring.suite_report.write_report_files`); and what a tool
 prints of them (:func:`print_written`)."""
 
 import json

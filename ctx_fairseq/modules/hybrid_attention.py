@@ -234,7 +234,7 @@ class HybridMultiheadAttention(MultiheadAttention):
             pad; None when the call had none, i.e. every query is a real token).
             :meth:`gate_statistics` reduces them for the training statistics
             (``label_smoothed_cross_entropy_ctx``); the gate analysis
-            (``ctx_fairseq.eval.hybrid_gates``) reads ``last_gate`` itself.
+            (``ctx_fairseq.eval.analyses.hybrid_gates``) reads ``last_gate`` itself.
         gate_override: ``None`` (normal) or a float used instead of ``g_i``
             (``0.0`` gives exactly the global pattern, ``1.0`` the local one).
     """

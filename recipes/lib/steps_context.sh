@@ -253,13 +253,13 @@ ctx_selective_analyses() {
 }
 
 # _ctx_complexity_text LABEL=TRAIN_LOG:GENERATE_LOG:SAVE_DIR...: Maruf et
-# al. (2019)'s Table 5 for each model (ctx_fairseq.eval.recipe_report
+# al. (2019)'s Table 5 for each model (ctx_fairseq.eval.scoring.recipe_report
 # complexity): parameters (counted in SAVE_DIR's best checkpoint, without the
 # frozen copy of the stage-1 model that --context-memory frozen keeps for the
 # memory), those trained in stage 2, training and decoding speed. Speeds
 # depend on the machine and the batch sizes: compare models of one run only.
 _ctx_complexity_text() {
-    "$PY" -m ctx_fairseq.eval.recipe_report complexity "$@"
+    "$PY" -m ctx_fairseq.eval.scoring.recipe_report complexity "$@"
 }
 
 # --------------------------------------------------------------------------
@@ -330,7 +330,7 @@ ctx_check_disjoint() {
 # when no line fits its heuristic).
 ctx_pronoun_suite() {
     mkdir -p "$(dirname "$5")"
-    "$PY" -m ctx_fairseq.eval.make_pronoun_suite --src "$1" --tgt "$2" --docids "$3" \
+    "$PY" -m ctx_fairseq.eval.scoring.make_pronoun_suite --src "$1" --tgt "$2" --docids "$3" \
         --bpe-codes "$4" --out "$5"
 }
 
@@ -364,10 +364,10 @@ ctx_write_if_changed() {
 # version's results) "not measured"; a test split of one document "n/a" (no
 # other document for the shuffled context: the dataset would take it from the
 # same document, or, for a document memory, keep the document's own memory and
-# give exactly 0, which is not a measurement). ctx_fairseq.eval.recipe_report
+# give exactly 0, which is not a measurement). ctx_fairseq.eval.scoring.recipe_report
 # results-table.
 ctx_results_table() {
-    "$PY" -m ctx_fairseq.eval.recipe_report results-table "$WORK/results" "$@"
+    "$PY" -m ctx_fairseq.eval.scoring.recipe_report results-table "$WORK/results" "$@"
 }
 
 # ctx_summary OUT [HEADER_FILE]: HEADER_FILE (e.g. a table), then every BLEU
@@ -728,7 +728,7 @@ _ctx_maruf_table() {
         "$(ctx_count_docs "$WORK/data-bin/test.docids")" "$(ctx_lines "$WORK/data-bin/test.docids")" \
         "$(ctx_lines "$WORK/suite/test.pronouns.jsonl")"
     printf 'Tokenized BLEU: the tokenised, truecased hypotheses against the references processed the same way (the paper'"'"'s "BLEU on tokenised text", Sec. 4.1). sacreBLEU: the hypotheses detruecased and detokenized against the original references.\n'
-    printf 'p: sacreBLEU'"'"'s paired bootstrap (Koehn 2004; ctx_fairseq.eval.significance, results/MODEL/paired.json) of the tokenized BLEU against the sentence-level transformer, over sentences / over documents (n/a with fewer than 10 documents).\n'
+    printf 'p: sacreBLEU'"'"'s paired bootstrap (Koehn 2004; ctx_fairseq.eval.scoring.significance, results/MODEL/paired.json) of the tokenized BLEU against the sentence-level transformer, over sentences / over documents (n/a with fewer than 10 documents).\n'
     printf 'CXMI vs shuffled (ctx-cxmi --conditions shuffled, results/MODEL/cxmi/): on the test references, the mean over sentences of the per-sentence mean log-probability with the true context minus with shuffled context (another document position'"'"'s; a document memory: another document'"'"'s), nats: a sensitivity check (Voita et al. 2018); cxmi.json also has the paper'"'"'s CXMI against the empty context (none), out of distribution for a model trained without a sampled context size; "-": sentence-level.\n'
 }
 
@@ -737,7 +737,7 @@ _ctx_maruf_table() {
 # over sentences and over documents, into results/NAME/paired.json
 ctx_paired() {
     local name=$1 refs=$2 docids=$3
-    ctx_logged "$WORK/results/$name/paired.log" "$PY" -m ctx_fairseq.eval.significance \
+    ctx_logged "$WORK/results/$name/paired.log" "$PY" -m ctx_fairseq.eval.scoring.significance \
         --generate --baseline "$WORK/generate/sentence.txt" --system "$WORK/generate/$name.txt" \
         --refs "$refs" --docids "$docids" --tokenize none --out "$WORK/results/$name/paired.json"
 }

@@ -120,7 +120,7 @@ sent_baseline_of() {
 }
 
 # sent_paired DIRECTION ID BASELINE: sacreBLEU's paired bootstrap (Koehn 2004;
-# ctx_fairseq.eval.significance) of ID's detokenised test hypotheses against
+# ctx_fairseq.eval.scoring.significance) of ID's detokenised test hypotheses against
 # BASELINE's, with the sacreBLEU tokenizer of ID's score, into
 # results/DIRECTION/ID/paired.json (sentences only: these corpora have no
 # documents here)
@@ -128,7 +128,7 @@ sent_paired() {
     local dir=$1 id=$2 base=$3 out tok
     out="$WORK/results/$dir/$id"
     tok=$(sed -n 's/.*tok:\([^|"]*\).*/\1/p' "$out/bleu.json" | head -n 1)
-    "$PY" -m ctx_fairseq.eval.significance --baseline "$WORK/results/$dir/$base/hyp.detok" \
+    "$PY" -m ctx_fairseq.eval.scoring.significance --baseline "$WORK/results/$dir/$base/hyp.detok" \
         --system "$out/hyp.detok" --refs "$WORK/text/test.${dir#*-}" --tokenize "${tok:-13a}" \
         --out "$out/paired.json" > "$out/paired.log" 2>&1 \
         || die "paired bootstrap of $dir/$id failed (see $out/paired.log)"
@@ -188,11 +188,11 @@ sent_unpack() {
 # sent_py COMMAND ARGS...: the Python helpers of these steps, one command per
 # call: extract (the text of a split from the raw files: python -m
 # ctx_fairseq.prep.recipe_text), evaluate, bylength and summary (scoring and
-# reports: python -m ctx_fairseq.eval.recipe_report); see those modules.
+# reports: python -m ctx_fairseq.eval.scoring.recipe_report); see those modules.
 sent_py() {
     case $1 in
         extract) "$PY" -m ctx_fairseq.prep.recipe_text "$@" ;;
-        *) "$PY" -m ctx_fairseq.eval.recipe_report "$@" ;;
+        *) "$PY" -m ctx_fairseq.eval.scoring.recipe_report "$@" ;;
     esac
 }
 
@@ -376,7 +376,7 @@ sent_dc_jsd() {
         ckpt=$(best_checkpoint "$(sent_ckpt_dir "$dir" "${spec%%|*}")")
         args+=(--path "$ckpt" --label "${spec#*|}")
     done
-    "$PY" -m ctx_fairseq.eval.dc_jsd "$WORK/bin" "${args[@]}" --split test \
+    "$PY" -m ctx_fairseq.eval.analyses.dc_jsd "$WORK/bin" "${args[@]}" --split test \
         --out-dir "$WORK/analysis/dc_jsd" "${CPU[@]}"
 }
 
@@ -409,7 +409,7 @@ sent_probe() {
     [ "$SMOKE" = 1 ] && tiny=(--max-epochs 3 --patience 2)
     # the encoder on the GPU where fairseq would use one (no --cpu, CUDA available)
     cuda_args
-    "$PY" -m ctx_fairseq.eval.probe run --path "$ckpt" "${CUDA_ARGS[@]}" \
+    "$PY" -m ctx_fairseq.eval.analyses.probe run --path "$ckpt" "${CUDA_ARGS[@]}" \
         --data "$WORK/${SENT_GROUP_DATA[$group]}" --task-file "$WORK/analysis/probing_data" \
         --tokenizer none --bpe subword_nmt --bpe-codes "$WORK/bpe/codes" \
         --out-dir "$WORK/analysis/probe/$id" "$@" "${tiny[@]}"
@@ -421,7 +421,7 @@ sent_hybrid_gates() {
     local dir=$1 id=$2 out=$3 ckpt
     shift 3
     ckpt=$(best_checkpoint "$(sent_ckpt_dir "$dir" "$id")")
-    "$PY" -m ctx_fairseq.eval.hybrid_gates "$WORK/${SENT_GROUP_DATA[${SENT_GROUP[$id]}]}" \
+    "$PY" -m ctx_fairseq.eval.analyses.hybrid_gates "$WORK/${SENT_GROUP_DATA[${SENT_GROUP[$id]}]}" \
         --path "$ckpt" --split valid \
         --out-dir "$out" "${CPU[@]}" "$@"
 }
@@ -492,7 +492,7 @@ hyb_window_sweep() {
             ::train "$@"
         runs+=("$m=$WORK/m$m")
     done
-    "$PY" -m ctx_fairseq.eval.hybrid_gates sweep "${runs[@]}" --out-dir "$WORK"
+    "$PY" -m ctx_fairseq.eval.analyses.hybrid_gates sweep "${runs[@]}" --out-dir "$WORK"
 }
 
 # hyb_sweep_window M DATA SAVE RUN SPLIT CKPT ::train TRAIN... ::gen GEN... ::eval EVAL...:
@@ -526,7 +526,7 @@ hyb_sweep_window() {
     sent_py evaluate --gen "$run/generate-$split.txt" --out-dir "$run" "${ev[@]}" \
         --title "window sweep m=$m (window size $((2 * m + 1))), $split, checkpoint $ckpt" \
         --meta "window=$m" --meta "checkpoint=$ckpt"
-    "$PY" -m ctx_fairseq.eval.hybrid_gates "$data" --path "$ckpt" --split "$split" \
+    "$PY" -m ctx_fairseq.eval.analyses.hybrid_gates "$data" --path "$ckpt" --split "$split" \
         --out-dir "$run" "${CPU[@]}"
 }
 

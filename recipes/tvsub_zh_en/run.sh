@@ -455,19 +455,19 @@ score_heldout() {
 }
 
 # paired_model NAME: sacreBLEU's paired bootstrap of NAME against the
-# transformer (ctx_fairseq.eval.significance), on the test split (every
+# transformer (ctx_fairseq.eval.scoring.significance), on the test split (every
 # reference; its documents: a document-level p-value only with enough of
 # them) into results/NAME/paired_test.json and, with HELDOUT, on the held-out
 # split (sentences and documents) into results/NAME/paired_heldout.json
 paired_model() {
     local name=$1 refs=()
     mapfile -t refs < <(ls "$WORK/docs/"test.ref[0-9]*."$L2" | sort)
-    ctx_logged "$WORK/results/$name/paired_test.log" "$PY" -m ctx_fairseq.eval.significance \
+    ctx_logged "$WORK/results/$name/paired_test.log" "$PY" -m ctx_fairseq.eval.scoring.significance \
         --generate --baseline "$WORK/generate/transformer.txt" --system "$WORK/generate/$name.txt" \
         --refs "${refs[@]}" --docids "$WORK/docs/test.docids" --tokenize none \
         --out "$WORK/results/$name/paired_test.json"
     if [ -n "$HELDOUT" ]; then
-        ctx_logged "$WORK/results/$name/paired_heldout.log" "$PY" -m ctx_fairseq.eval.significance \
+        ctx_logged "$WORK/results/$name/paired_heldout.log" "$PY" -m ctx_fairseq.eval.scoring.significance \
             --generate --baseline "$WORK/generate/transformer.heldout.txt" \
             --system "$WORK/generate/$name.heldout.txt" --refs "$WORK/docs/heldout.$L2" \
             --docids "$WORK/docs/heldout.docids" --tokenize none \

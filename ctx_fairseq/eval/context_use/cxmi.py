@@ -82,7 +82,7 @@ condition ``cxmi``, ``tokens`` and the rest), ``cxmi.md``, ``tokens.jsonl``
 word, P-CXMI per condition, whether the word repeats a word of the previous
 reference sentence), ``cxmi_hist.png`` (per-word P-CXMI) and
 ``cxmi_by_position.png`` (P-CXMI per token by sentence position in the
-document). Word classes: :mod:`ctx_fairseq.eval.word_classes`.
+document). Word classes: :mod:`ctx_fairseq.eval.context_use.word_classes`.
 """
 
 import argparse
@@ -100,10 +100,10 @@ import torch
 
 from ctx_fairseq.data.conditions import COMPARED, ContextCondition
 from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
-from ctx_fairseq.eval.cxmi_classes import breakdown_lines, class_breakdown
+from ctx_fairseq.eval.context_use.cxmi_classes import breakdown_lines, class_breakdown
 from ctx_fairseq.eval.report_files import pyplot, save_figure
 from ctx_fairseq.tasks.context_options import task_setting
-from ctx_fairseq.eval.word_classes import (LANGUAGES, classes_for, load_word_classes,
+from ctx_fairseq.eval.context_use.word_classes import (LANGUAGES, classes_for, load_word_classes,
                                            normalise)
 
 logger = logging.getLogger(__name__)
@@ -125,8 +125,8 @@ class CXMIError(ValueError):
 # ----------------------------------------------------------------- checkpoint
 def load(path: str, data: str, cuda: bool):
     """``(model, task, cfg)`` restored as the contrastive scorer restores them
-    (:func:`ctx_fairseq.eval.contrastive.load_checkpoint`), checked."""
-    from ctx_fairseq.eval.contrastive import uses_context, load_checkpoint
+    (:func:`ctx_fairseq.eval.scoring.contrastive.load_checkpoint`), checked."""
+    from ctx_fairseq.eval.scoring.contrastive import uses_context, load_checkpoint
 
     model, task, cfg = load_checkpoint(path, data, cuda=cuda)
     if not uses_context(task):

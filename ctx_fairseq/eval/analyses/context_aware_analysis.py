@@ -1,6 +1,6 @@
 """Analyses of the context-aware Transformer (Voita et al., 2018, Sec. 5-6).
 
-Subcommands (``python -m ctx_fairseq.eval.context_aware_analysis CMD ...``;
+Subcommands (``python -m ctx_fairseq.eval.analyses.context_aware_analysis CMD ...``;
 console script ``ctx-context-aware-analysis``):
 
 ``bleu``
@@ -79,10 +79,10 @@ def contrastive_with_context(ckpt: str, data: str, jsonl: str, ablation: str = "
                              split: str = "test", batch_size: int = 32, cpu: bool = True,
                              gold_target_context: bool = False) -> Dict:
     """Contrastive accuracy on a toy-format file, with each record's document
-    context: the one scorer, ``ctx_fairseq.eval.contrastive.evaluate_checkpoint``
+    context: the one scorer, ``ctx_fairseq.eval.scoring.contrastive.evaluate_checkpoint``
     (record ``id`` = line of ``{split}``, ``doc_id`` and ``src`` checked). A
     checkpoint with target context needs ``gold_target_context``."""
-    from ctx_fairseq.eval.contrastive import evaluate_checkpoint
+    from ctx_fairseq.eval.scoring.contrastive import evaluate_checkpoint
 
     return evaluate_checkpoint(ckpt, data, jsonl, fmt="toy", cpu=cpu, ablation=ablation,
                                split=split, gold_target_context=gold_target_context,
@@ -248,7 +248,7 @@ def format_attention(result: Dict) -> str:
 
 
 def format_contrastive(result: Dict) -> str:
-    from ctx_fairseq.eval.contrastive import format_result
+    from ctx_fairseq.eval.scoring.contrastive import format_result
 
     return "\n".join(["true context:", format_result(result["true"]), "",
                       "shuffled context:", format_result(result["shuffled"])])

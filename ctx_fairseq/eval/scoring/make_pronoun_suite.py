@@ -298,7 +298,7 @@ def get_parser() -> argparse.ArgumentParser:
         prog=PROG, description="A contrastive pronoun suite (English 'it' -> German er/sie/es) "
         "from a document-level split, in the toy JSON Lines format of ctx-score-contrastive "
         "--format toy. The heuristic and its limits: the module docstring "
-        "(ctx_fairseq/eval/make_pronoun_suite.py).")
+        "(ctx_fairseq/eval/scoring/make_pronoun_suite.py).")
     p.add_argument("--src", required=True, metavar="FILE",
                    help="source side of the split as binarized (e.g. test.bpe.en)")
     p.add_argument("--tgt", required=True, metavar="FILE",

@@ -64,7 +64,7 @@ Files: ``sentence_length.txt``, ``word_content.txt``, ``bigram_shift.txt``
 ``probe_data.json`` (options, classes, sizes, notes). Nothing is written when
 a requested task cannot be built.
 
-Command line (``ctx-probe``, or ``python -m ctx_fairseq.eval.probe``)::
+Command line (``ctx-probe``, or ``python -m ctx_fairseq.eval.analyses.probe``)::
 
     ctx-probe generate --text corpus.tok.en --out-dir probing/ --tasks sentlen,wc,bshift
     ctx-probe run --path checkpoint_best.pt --data data-bin/ --task-file probing/ \

@@ -20,7 +20,7 @@ The attention distributions are exactly those of the model's forward pass
 without dropout via
 :meth:`ctx_fairseq.modules.dual_context.DualContextAttention.attention_probs`).
 
-Command line (``ctx-dc-jsd``, or ``python -m ctx_fairseq.eval.dc_jsd``)::
+Command line (``ctx-dc-jsd``, or ``python -m ctx_fairseq.eval.analyses.dc_jsd``)::
 
     ctx-dc-jsd DATA_BIN --path ckpt_f2.pt --path ckpt_f3.pt --label f=2 --label f=3 \
         --split test --out-dir jsd/

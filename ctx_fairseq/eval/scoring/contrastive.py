@@ -3,7 +3,7 @@ every contrastive one (same sentence, a wrong context-dependent word)?
 
 ``ctx-score-contrastive --path CKPT --data BIN --format FMT --contrastive FILE``
 is the one scorer for every architecture and every suite
-(:mod:`ctx_fairseq.eval.contrastive_suites` reads the formats: ``toy``,
+(:mod:`ctx_fairseq.eval.scoring.contrastive_suites` reads the formats: ``toy``,
 ``contrapro``, ``voita``, ``bawden``, ``lopes``).
 
 How a candidate is scored
@@ -74,9 +74,9 @@ import torch
 
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
-from ctx_fairseq.eval.contrastive_suites import FORMATS, Suite, read_suite
+from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Suite, read_suite
 # distance_key and write_report_files are re-exported
-from ctx_fairseq.eval.suite_report import (
+from ctx_fairseq.eval.scoring.suite_report import (
     accuracy_bar_plot, add_output_args, add_suite_args, group_outcomes, pct, print_report,
     report_name, result_rows, suite_options, write_report_files)
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args

@@ -20,7 +20,7 @@ Two tests, both sacreBLEU's, differing only in what a resampled unit is:
     documents. With fewer than :data:`MIN_DOCUMENTS` documents there is too
     little to resample: no p-value, a note instead.
 
-``python -m ctx_fairseq.eval.significance --baseline B --system S --refs R [R2 ...]
+``python -m ctx_fairseq.eval.scoring.significance --baseline B --system S --refs R [R2 ...]
 [--docids D] [--generate] [--out JSON]``: ``B``/``S`` plain text (one
 hypothesis per line) or, with ``--generate``, ``fairseq-generate`` output (the
 ``H-`` lines in id order); references one file per reference stream.

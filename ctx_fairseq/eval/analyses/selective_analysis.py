@@ -1,7 +1,7 @@
 """Analyses of ``transformer_selective_doc`` (Maruf, Martins & Haffari, 2019,
 Sec. 4.3 "Analysis", paragraph "Qualitative Analysis", Tables 6-7).
 
-Subcommands (``python -m ctx_fairseq.eval.selective_analysis CMD ...``;
+Subcommands (``python -m ctx_fairseq.eval.analyses.selective_analysis CMD ...``;
 console script ``ctx-selective-analysis``):
 
 ``sentence --line N``
@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from ctx_fairseq.data.contract import task_options
-from ctx_fairseq.eval.context_aware_analysis import add_analysis_args
+from ctx_fairseq.eval.analyses.context_aware_analysis import add_analysis_args
 from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
 __all__ = ["load_selective_model", "ContextRecorder", "sentence_analysis", "support_analysis",
@@ -78,7 +78,7 @@ def load_selective_model(ckpt: str, data: str, cpu: bool = True):
     """(model, task) from a ``transformer_selective_doc`` checkpoint; task
     options from the checkpoint, ``data`` overrides its data path. Target
     memory, where the model uses it, always comes from the references."""
-    from ctx_fairseq.eval.context_aware_analysis import load_document_model
+    from ctx_fairseq.eval.analyses.context_aware_analysis import load_document_model
     from ctx_fairseq.models.transformer_selective_doc.model import TransformerSelectiveDocModel
 
     if not os.path.isfile(ckpt):

@@ -58,7 +58,7 @@ generation on a subset or long sentences skipped), no id may lie outside the
 split, no id may occur twice, ``--refs`` must have one line per sentence, and
 empty inputs are refused.
 
-Command line (``ctx-doc-bleu``, or ``python -m ctx_fairseq.eval.doc_bleu``)::
+Command line (``ctx-doc-bleu``, or ``python -m ctx_fairseq.eval.scoring.doc_bleu``)::
 
     fairseq-generate data-bin --path ckpt.pt --gen-subset test --remove-bpe > gen.txt
     ctx-doc-bleu gen.txt --docids data-bin/test.docids --out-dir doc_bleu/

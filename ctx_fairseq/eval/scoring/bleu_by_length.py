@@ -20,7 +20,7 @@ The paper counts *subword* tokens: run ``fairseq-generate`` without
 ``--remove-bpe`` to get subword ``S-`` lines (otherwise words are counted).
 Likewise BLEU is computed on what the ``H-``/``T-`` lines contain.
 
-Command line (``ctx-bleu-by-length``, or ``python -m ctx_fairseq.eval.bleu_by_length``)::
+Command line (``ctx-bleu-by-length``, or ``python -m ctx_fairseq.eval.scoring.bleu_by_length``)::
 
     ctx-bleu-by-length --system Transformer=gen_base.txt --system Enc-DC=gen_enc.txt \
         --out-dir by_length/

@@ -1,4 +1,4 @@
-"""The recipes' scoring and reports (``python -m ctx_fairseq.eval.recipe_report COMMAND``).
+"""The recipes' scoring and reports (``python -m ctx_fairseq.eval.scoring.recipe_report COMMAND``).
 
 Sentence-level recipes (``sent_py`` in ``recipes/lib/steps_sentence.sh``):
 
@@ -46,7 +46,7 @@ from ctx_fairseq.prep.recipe_text import read_sentence_lines, write_lines
 __all__ = ["read_hypotheses", "bleu_result", "evaluate", "by_length", "train_params",
            "format_p", "summary", "complexity_table", "results_table", "main"]
 
-PROG = "python -m ctx_fairseq.eval.recipe_report"
+PROG = "python -m ctx_fairseq.eval.scoring.recipe_report"
 
 
 def _load_json(path: str):
@@ -164,7 +164,7 @@ def by_length(src: str, ref: str, out_dir: str, systems: Sequence[str]) -> Dict[
     in fairseq-generate's format, ``OUT/LABEL.by-length-input.txt``: S- the
     BPE source, T- the reference, H- the scored hypothesis (H- scores copied
     from the generate output). Returns ctx-bleu-by-length's output files."""
-    from ctx_fairseq.eval.bleu_by_length import cli_main
+    from ctx_fairseq.eval.scoring.bleu_by_length import cli_main
 
     src_lines, refs = read_sentence_lines(src), read_sentence_lines(ref)
     args = []
@@ -388,7 +388,7 @@ def summary(work: str, name: str, paper: str, model_specs: Sequence[str], direct
                   "check the pipeline and mean nothing about the paper.", ""]
     lines += [paper, ""]
     lines += _family_tables(rows, tok_label)
-    lines += ["p: sacreBLEU's paired bootstrap (Koehn 2004; ctx_fairseq.eval.significance, "
+    lines += ["p: sacreBLEU's paired bootstrap (Koehn 2004; ctx_fairseq.eval.scoring.significance, "
               "results/DIRECTION/MODEL/paired.json) of the sacreBLEU score against the same "
               "set-up's transformer, over sentences; - for the transformer itself, not "
               "measured without it in the run.", ""]

@@ -14,7 +14,7 @@
   and a word's gate is the mean over its pieces; a tag's value is the mean over its
   words. A line whose tag count differs from the sentence's word count is an error
   naming the file and line.
-* **Window sweep (Fig. 2)**, ``python -m ctx_fairseq.eval.hybrid_gates sweep``:
+* **Window sweep (Fig. 2)**, ``python -m ctx_fairseq.eval.analyses.hybrid_gates sweep``:
   collects, for runs trained with different ``--hybrid-window`` m, the BLEU each
   run's ``bleu.json`` holds (the recipes' scoring against the reference files:
   sacreBLEU and, where asked for, tokenized BLEU, with their signatures) and the
@@ -302,7 +302,7 @@ def get_parser() -> argparse.ArgumentParser:
         description="Mean gate (local-pattern weight, Eq. 5) of a transformer_hybrid "
                     "checkpoint per layer (Fig. 3) and, with --pos-tags, by part of "
                     "speech (Fig. 4). For the window sweep (Fig. 2) run "
-                    "'python -m ctx_fairseq.eval.hybrid_gates sweep --help'.")
+                    "'python -m ctx_fairseq.eval.analyses.hybrid_gates sweep --help'.")
     p.add_argument("data", help="binarized data directory (fairseq-preprocess output)")
     p.add_argument("--path", required=True, help="transformer_hybrid checkpoint (gate mode)")
     p.add_argument("--split", default="valid", help="binarized split (default: valid)")

@@ -1,4 +1,4 @@
-"""The word-class breakdown of ``ctx-cxmi``'s P-CXMI (:mod:`ctx_fairseq.eval.cxmi`):
+"""The word-class breakdown of ``ctx-cxmi``'s P-CXMI (:mod:`ctx_fairseq.eval.context_use.cxmi`):
 each class per member word and split by repetition from the previous
 reference sentence, and its cxmi.md tables."""
 
@@ -7,7 +7,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ctx_fairseq.eval.word_classes import normalise
+from ctx_fairseq.eval.context_use.word_classes import normalise
 
 __all__ = ["class_breakdown", "breakdown_lines"]
 

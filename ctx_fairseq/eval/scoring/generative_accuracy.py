@@ -7,7 +7,7 @@ candidate has and the contrastive ones do not?
 * ``--path CKPT --data BIN``: the suite's sources are translated here, with
   fairseq's beam search (``task.build_generator`` / ``task.inference_step``,
   as ``fairseq-generate``) over the dataset the contrastive scorer builds
-  (:meth:`ctx_fairseq.eval.contrastive.ContrastiveScorer.rank_datasets`:
+  (:meth:`ctx_fairseq.eval.scoring.contrastive.ContrastiveScorer.rank_datasets`:
   the same documents, context and checks as ``ctx-score-contrastive``); the
   translations are written in ``fairseq-generate``'s format beside the report;
 * ``--generate-output FILE``: translations already made, in
@@ -57,7 +57,7 @@ Outcome of a translation ``h`` (its set of words)
     antecedent distance (overall and per category), with each outcome's count.
 
 Context
-    As the contrastive scorer (:mod:`ctx_fairseq.eval.contrastive`): the
+    As the contrastive scorer (:mod:`ctx_fairseq.eval.scoring.contrastive`): the
     checkpoint's own task options; for ``toy`` the split's real documents
     (target context from the references with ``--gold-target-context``), for
     the public suites the suite's context sentences of the correct candidate
@@ -90,11 +90,11 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import torch
 
-from ctx_fairseq.eval.contrastive import ContrastiveScorer, scorer_for_checkpoint
-from ctx_fairseq.eval.contrastive_suites import FORMATS, Example, Suite, read_suite
+from ctx_fairseq.eval.scoring.contrastive import ContrastiveScorer, scorer_for_checkpoint
+from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Example, Suite, read_suite
 from ctx_fairseq.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
     remove_bpe
-from ctx_fairseq.eval.suite_report import (accuracy_bar_plot, add_output_args, add_suite_args,
+from ctx_fairseq.eval.scoring.suite_report import (accuracy_bar_plot, add_output_args, add_suite_args,
                                            group_outcomes, pct, print_report, report_name,
                                            result_rows, suite_options, write_report_files)
 from ctx_fairseq.tasks.generation import best_tokens_on_cpu

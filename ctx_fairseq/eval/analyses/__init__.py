@@ -1,0 +1,1 @@
+"""One paper's analysis per module: DC's JSD (Ampomah et al.), the hybrid model's gates (Xu et al.), the selective model's attention (Maruf et al.), Voita et al.'s context-aware analyses, the probes."""
