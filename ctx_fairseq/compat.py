@@ -41,7 +41,9 @@ after it, depending on whether a float32 rounding boundary falls between
 them. Importing ``ctx_fairseq`` computes both in
 ``promote_types(dtype, float32)``: float32 for half, bfloat16 and float32
 inputs (bit-identical to fairseq's), float64 for float64 inputs. The ONNX
-tracing branch is left as it is.
+tracing branch is left as it is, and so is TorchScript: a scripted module
+compiles fairseq's own source of these functions (nothing in ctx_fairseq
+scripts a model).
 """
 
 import functools

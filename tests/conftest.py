@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 
@@ -96,3 +97,27 @@ def selective_dec_ckpt(toy_bin, sentence_ckpt, tmp_path_factory):
            "--max-tokens", "600", "--max-update", "2", "--save-dir", save, "--no-progress-bar",
            "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0", "--disable-validation"])
     return os.path.join(save, "checkpoint_last.pt")
+
+
+#: tests whose name says they check that two computations agree exactly (a
+#: batch grouped or padded against the whole, step by step against the full
+#: forward, the CPU's shortcuts against the accelerator's path, float64
+#: against a reference): marked ``exactness`` besides the files that mark
+#: themselves, so that .ci/run runs them again under ATEN_CPU_CAPABILITY=default
+EXACTNESS_NAMES = re.compile(
+    r"padding_invarian|padding|incremental_equals|step_by_step|grouped_equals|"
+    r"does_not_depend|bitwise|shortcuts|real_positions_equal|float64|_equals_fairseq|"
+    r"one_document_(vs|against)|unaffected|matches_naive|matches_reference")
+
+
+#: the files of the models' and modules' own tests (not the tools'), where those names
+#: mean an equality of two computations
+EXACTNESS_FILES = re.compile(r"test_(transformer_|selective_|real_token|context_aware|compat|"
+                             r"length_buckets|dc_analysis)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if EXACTNESS_FILES.match(os.path.basename(str(item.fspath))) and \
+                EXACTNESS_NAMES.search(item.originalname or item.name):
+            item.add_marker(pytest.mark.exactness)

@@ -46,7 +46,7 @@ ARCH = "transformer_doc_zhang2018"
 ZHANG_ARGS = ["--task", "document_translation", "--source-context-size", "2"]
 
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exactness]
+pytestmark = pytest.mark.usefixtures("one_thread")  # (its equality tests: conftest)
 
 
 # --------------------------------------------------------------------------- helpers

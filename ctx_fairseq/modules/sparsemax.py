@@ -61,7 +61,7 @@ class _Sparsemax(torch.autograd.Function):
         # its entries or which sort found tau. An entry exactly at tau is
         # outside S (weight 0, gradient 0): the tie-break.
         (out,) = ctx.saved_tensors
-        on = out > 0
+        on = out != 0  # (out >= 0: the positive entries; a NaN stays a NaN)
         g = grad.masked_fill(~on, 0)
         n = on.sum(-1, keepdim=True).clamp_(min=1)  # >= 1: the largest entry is in
         v = g.sum(-1, keepdim=True) / n.to(g.dtype)
