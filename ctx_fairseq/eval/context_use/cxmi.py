@@ -93,6 +93,7 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -382,30 +383,40 @@ def _summary(lp_a: List[np.ndarray], lp_b: List[np.ndarray], doc: np.ndarray, n_
     return e, diff, mean_diff
 
 
-def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("none",),
-                 max_tokens: Optional[int] = 4096, batch_size: Optional[int] = None,
-                 lang: Optional[str] = None, word_classes: Optional[Dict[str, List[str]]] = None,
-                 top: int = 20, min_count: int = 3, context_size: Optional[int] = None,
-                 curve: bool = False, seed: int = 0):
-    """``(result, words)``: the summary (``cxmi.json``) and one record per
-    reference word (``tokens.jsonl``). The headline ``cxmi`` is the true
-    context (``context_size`` N previous sentences; default: every sentence of
-    the context the checkpoint was trained with) against the empty context
-    (``none``), the paper's CXMI; ``shuffled`` and ``random`` are sensitivity
-    checks beside it. ``curve``: CXMI at every context size ``0..K`` (K the
-    checkpoint's trained size) against the empty context (``result["curve"]``)."""
+@dataclass(frozen=True)
+class CXMIOptions:
+    """What :func:`compute_cxmi` measures besides the split: the batches
+    (``max_tokens``, ``batch_size``), the words' language or classes
+    (``lang``, ``word_classes``), the top words (``top`` of those seen
+    ``min_count`` times), the true context's size (``context_size``; default
+    the trained one), the curve over sizes ``0..K`` and the bootstrap's
+    ``seed``."""
+
+    max_tokens: Optional[int] = 4096
+    batch_size: Optional[int] = None
+    lang: Optional[str] = None
+    word_classes: Optional[Dict[str, List[str]]] = None
+    top: int = 20
+    min_count: int = 3
+    context_size: Optional[int] = None
+    curve: bool = False
+    seed: int = 0
+
+
+def _check_request(task, conditions: Sequence[str], context_size: Optional[int], curve: bool):
+    """``(conditions, trained_k, n_size)``: the conditions (``none`` first,
+    the headline), the checkpoint's trained size and the true context's size,
+    each checked against what the checkpoint was trained with."""
     conditions = list(dict.fromkeys(conditions))
     for c in conditions:
         if c not in CONDITIONS:
             raise ValueError(f"--conditions: unknown condition {c!r}; expected some of "
                              f"{','.join(CONDITIONS)}")
-    notes = []
-    if "none" not in conditions:  # the headline: true against the empty context
-        conditions.insert(0, "none")
-    else:
+    if "none" in conditions:  # the headline: true against the empty context
         conditions.remove("none")
-        conditions.insert(0, "none")
+    conditions.insert(0, "none")
     trained_k = trained_context_size(task)
+    spec = _spec(task)
     if context_size is not None:
         if isinstance(context_size, bool) or int(context_size) != context_size or \
                 context_size < 0:
@@ -416,139 +427,129 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
         if trained_k is not None and context_size > trained_k:
             raise CXMIError(
                 f"--context-size {context_size} is larger than the checkpoint was trained with "
-                f"(K = {trained_k}: --sampled-context-size {_spec(task).sampled_context_size}, "
-                f"--memory-window {_spec(task).memory_window}, --source-context-size "
-                f"{_spec(task).source_context_size}, --target-context-size "
-                f"{_spec(task).target_context_size}); it never saw that many sentences")
+                f"(K = {trained_k}: --sampled-context-size {spec.sampled_context_size}, "
+                f"--memory-window {spec.memory_window}, --source-context-size "
+                f"{spec.source_context_size}, --target-context-size "
+                f"{spec.target_context_size}); it never saw that many sentences")
     if curve and trained_k is None:
         raise CXMIError("--curve: this checkpoint reads a whole-document context or a document "
                         "memory without a window (--memory-window), which has no bounded "
                         "context size to vary")
     # a checkpoint reading next (or both) sentences: its true context is its whole
     # window (no size to cut), against the empty context (size 0, any direction)
-    prev_only = _spec(task).context_direction == "prev"
+    prev_only = spec.context_direction == "prev"
     if not prev_only and (curve or (context_size is not None and context_size > 0)):
         raise CXMIError(f"--context-size / --curve count previous sentences; this checkpoint "
-                        f"reads --context-direction {_spec(task).context_direction} (score it "
+                        f"reads --context-direction {spec.context_direction} (score it "
                         "without them: its whole context against none)")
     n_size = context_size if context_size is not None else (trained_k if prev_only else None)
-    true_ds = condition_dataset(task, split, "true", n_size)
-    if "shuffled" in conditions:
-        # shuffled context is another document's: with fewer than two documents whose
-        # sentences have context there is none to draw (the dataset would fall back to
-        # the same document's context or memory, and CXMI would mean nothing)
-        inner = getattr(true_ds, "inner", true_ds)
-        with_ctx = np.unique(inner.doc_index[_has_context(true_ds)])
-        if len(with_ctx) < 2:
-            raise CXMIError(
-                f"split {split!r}: the shuffled condition takes each sentence's context from "
-                f"another document, but only {len(with_ctx)} document(s) of "
-                f"{len(inner.doc_start)} have sentences with context; measure on a split with "
-                "two or more documents, or leave shuffled out of --conditions")
-    lp = {"true": token_logprobs(model, task, true_ds, max_tokens, batch_size)}
-    for c in conditions:
-        lp[c] = token_logprobs(model, task, condition_dataset(task, split, c, n_size),
-                               max_tokens, batch_size)
-    has_ctx = _has_context(true_ds)
-    n = len(true_ds)
-    counts = np.array([len(v) for v in lp["true"]], dtype=np.int64)
-    tokens = int(counts.sum())
-    if tokens == 0:
-        raise CXMIError(f"split {split!r} has no target tokens")
-    sums = {k: np.array([v.sum() for v in lp[k]]) for k in lp}
-    doc = np.asarray(true_ds.doc_index, dtype=np.int64)
-    n_docs = len(true_ds.doc_start)
+    return conditions, trained_k, n_size
 
-    result = collections.OrderedDict()
-    result["split"] = split
-    result["sentences"] = n
-    result["documents"] = n_docs
-    result["tokens"] = tokens
-    result["sentences_with_context"] = int(has_ctx.sum())
-    result["context_size"] = n_size
-    result["trained_context_size"] = trained_k
-    result["sample_context_size"] = _spec(task).sampled_context_size  # (the key of old)
-    result["memory_window"] = _spec(task).memory_window
-    result["logprob_true_per_token"] = float(sums["true"].sum() / tokens)
-    result["logprob_true_per_sentence_mean"] = float(np.mean([v.mean() for v in lp["true"]]))
-    tgt_lang = task_setting(task, "target_lang")
-    trained_dropout = _spec(task).context_dropout
-    result["context_dropout"] = trained_dropout
-    result["seed"] = _spec(task).seed
-    result["headline"] = ("cxmi: the true context against the empty context (condition none), "
-                          "the paper's CXMI; shuffled and random are sensitivity checks")
-    diffs = {}
-    for c in conditions:
-        entry, diff, _ = _summary(lp["true"], lp[c], doc, n_docs, seed)
-        diffs[c] = diff
-        entry["tokens"] = tokens
-        entry["sentences"] = n
-        t_ctx = int(counts[has_ctx].sum())
-        entry["cxmi_sentences_with_context"] = (float(diff[has_ctx].sum() / t_ctx) if t_ctx
-                                                else None)
-        entry["tokens_sentences_with_context"] = t_ctx
-        entry["logprob_per_token"] = float(sums[c].sum() / tokens)
-        entry["sentences_better_with_context"] = int((diff > 0).sum())
-        entry["sentences_worse_with_context"] = int((diff < 0).sum())
-        entry["role"] = ("headline (Fernandes et al. 2021)" if c == "none" else
-                         "sensitivity check (Voita et al. 2018; Kim et al. 2019): "
-                         + ("another document position's real context" if c == "shuffled"
-                            else "random tokens in place of the context words"))
-        result[c] = entry
-    result["cxmi"] = result["none"]["cxmi"]
-    result["cxmi_interval"] = result["none"]["interval"]
+
+def _check_shuffled(true_ds, split: str) -> None:
+    """Shuffled context is another document's: with fewer than two documents
+    whose sentences have context there is none to draw (the dataset would
+    fall back to the same document's context or memory, and CXMI would mean
+    nothing)."""
+    inner = getattr(true_ds, "inner", true_ds)
+    with_ctx = np.unique(inner.doc_index[_has_context(true_ds)])
+    if len(with_ctx) < 2:
+        raise CXMIError(
+            f"split {split!r}: the shuffled condition takes each sentence's context from "
+            f"another document, but only {len(with_ctx)} document(s) of "
+            f"{len(inner.doc_start)} have sentences with context; measure on a split with "
+            "two or more documents, or leave shuffled out of --conditions")
+
+
+class _Scores:
+    """The token log-probabilities of one split under each condition, with
+    what the summaries need of them."""
+
+    def __init__(self, lp, true_ds):
+        self.lp = lp
+        self.has_ctx = _has_context(true_ds)
+        self.n = len(true_ds)
+        self.counts = np.array([len(v) for v in lp["true"]], dtype=np.int64)
+        self.tokens = int(self.counts.sum())
+        self.sums = {k: np.array([v.sum() for v in lp[k]]) for k in lp}
+        self.doc = np.asarray(true_ds.doc_index, dtype=np.int64)
+        self.n_docs = len(true_ds.doc_start)
+
+
+def _condition_entry(sc: _Scores, c: str, seed: int):
+    """One comparison's summary (``result[c]``) and its per-sentence differences."""
+    entry, diff, _ = _summary(sc.lp["true"], sc.lp[c], sc.doc, sc.n_docs, seed)
+    entry["tokens"] = sc.tokens
+    entry["sentences"] = sc.n
+    t_ctx = int(sc.counts[sc.has_ctx].sum())
+    entry["cxmi_sentences_with_context"] = (float(diff[sc.has_ctx].sum() / t_ctx) if t_ctx
+                                            else None)
+    entry["tokens_sentences_with_context"] = t_ctx
+    entry["logprob_per_token"] = float(sc.sums[c].sum() / sc.tokens)
+    entry["sentences_better_with_context"] = int((diff > 0).sum())
+    entry["sentences_worse_with_context"] = int((diff < 0).sum())
+    entry["role"] = ("headline (Fernandes et al. 2021)" if c == "none" else
+                     "sensitivity check (Voita et al. 2018; Kim et al. 2019): "
+                     + ("another document position's real context" if c == "shuffled"
+                        else "random tokens in place of the context words"))
+    return entry, diff
+
+
+def _distribution_notes(result, n_size, trained_k, trained_dropout) -> List[str]:
+    """Where the conditions are out of the distribution the model was trained on."""
+    notes = []
     if trained_dropout <= 0 and not result["sample_context_size"]:
         notes.append(
             "none: the model was trained without a sampled context size or context dropout, so "
             "the empty context (as a document's first sentence has) is out of distribution for "
             f"the other sentences; CXMI against none {result['none']['cxmi']:.4f} mixes context "
-            "use with that shift (train with --sample-context-size for the paper's setting)")
+            "use with that shift (train with --sampled-context-size for the paper's setting)")
     elif n_size is not None and result["sample_context_size"] == 0 and \
             0 < n_size < (trained_k or 0):
         notes.append(f"context size {n_size}: trained at {trained_k} only (no "
-                     "--sample-context-size), so this size is out of distribution")
+                     "--sampled-context-size), so this size is out of distribution")
     if n_size is not None and trained_k is None:
         notes.append(f"context size {n_size}: a window on a document memory trained on whole "
-                     "documents (no --sample-context-size), so this window is out of "
+                     "documents (no --sampled-context-size), so this window is out of "
                      "distribution")
-    result["conditions"] = conditions
-    result["target"] = "reference tokens including </s> (teacher forcing); target context " \
-                       "from the references"
+    return notes
 
-    # the curve: CXMI at each context size 0..K against the empty context
-    if curve:
-        points = []
-        for k in range(trained_k + 1):
-            if k == 0:
-                lp_k = lp["none"]
-            elif k == n_size:
-                lp_k = lp["true"]
-            else:
-                lp_k = token_logprobs(model, task, condition_dataset(task, split, "true", k),
-                                      max_tokens, batch_size)
-            e, _, _ = _summary(lp_k, lp["none"], doc, n_docs, seed)
-            points.append(collections.OrderedDict(
-                context_size=k, cxmi=e["cxmi"], interval=e["interval"],
-                cxmi_per_token=e["cxmi_per_token"], logprob_per_sentence_mean=float(
-                    np.mean([v.mean() for v in lp_k]))))
-        result["curve"] = points
 
-    # words
+def _curve(model, task, split, sc: _Scores, trained_k, n_size, opts: CXMIOptions):
+    """CXMI at each context size ``0..K`` against the empty context."""
+    points = []
+    for k in range(trained_k + 1):
+        if k == 0:
+            lp_k = sc.lp["none"]
+        elif k == n_size:
+            lp_k = sc.lp["true"]
+        else:
+            lp_k = token_logprobs(model, task, condition_dataset(task, split, "true", k),
+                                  opts.max_tokens, opts.batch_size)
+        e, _, _ = _summary(lp_k, sc.lp["none"], sc.doc, sc.n_docs, opts.seed)
+        points.append(collections.OrderedDict(
+            context_size=k, cxmi=e["cxmi"], interval=e["interval"],
+            cxmi_per_token=e["cxmi_per_token"], logprob_per_sentence_mean=float(
+                np.mean([v.mean() for v in lp_k]))))
+    return points
+
+
+def _word_records(task, cfg, ds, lp, conditions) -> List[Dict]:
+    """One record per reference word: its tokens, log-probability, P-CXMI
+    per condition and whether it repeats a word of the previous reference
+    sentence of its document."""
     d = task.target_dictionary
     bpe = _bpe_name(cfg)
-    ds = true_ds
     doc_names = np.asarray(ds.doc_names)
     words = []
     prev_words: set = set()
-    for i in range(n):
-        ref = ds.base.tgt[i].tolist()
-        symbols = [d[t] for t in ref]
+    for i in range(len(ds)):
+        symbols = [d[t] for t in ds.base.tgt[i].tolist()]
         merged = merge_words(symbols, bpe)
         # the words of the previous reference sentence of the same document: a word
         # repeated from it (a surface repetition, punctuation included; a simple proxy,
         # not MuDA's aligned lexical-cohesion tag of Fernandes et al. 2023)
-        same_doc = i > 0 and ds.doc_index[i - 1] == ds.doc_index[i]
-        if not same_doc:
+        if not (i > 0 and ds.doc_index[i - 1] == ds.doc_index[i]):
             prev_words = set()
         for w, (word, a, b) in enumerate(merged):
             rec = collections.OrderedDict()
@@ -566,74 +567,139 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
                 normalise(word) in prev_words
             words.append(rec)
         prev_words = {normalise(word) for word, _, _ in merged if word != EOS_WORD}
+    return words
 
-    # top words by mean P-CXMI
+
+def _top_words(words, conditions, top: int, min_count: int):
+    """Per condition, the ``top`` words by mean P-CXMI among those seen
+    ``min_count`` times or more."""
     by_word = collections.defaultdict(list)
     for rec in words:
         by_word[rec["word"]].append(rec)
-    result["top_words"] = {}
+    out = {}
     for c in conditions:
         stats = [(w, len(rs), float(np.mean([r["p_cxmi"][c] for r in rs])))
                  for w, rs in by_word.items() if len(rs) >= min_count]
         stats.sort(key=lambda x: (-x[2], x[0]))
-        result["top_words"][c] = [{"word": w, "count": k, "mean_p_cxmi": m}
-                                  for w, k, m in stats[:top]]
-    result["top_words_min_count"] = min_count
+        out[c] = [{"word": w, "count": k, "mean_p_cxmi": m} for w, k, m in stats[:top]]
+    return out
 
-    # word classes: mean P-CXMI per word, with document-bootstrap intervals, beside the mean
-    # over all words (and the difference class - all words, on the same draws)
-    lang = lang or tgt_lang
-    table = classes_for(lang, word_classes)
-    result["word_class_lang"] = "--word-classes file" if word_classes else lang
-    word_doc = np.array([ds.doc_index[r["sentence"]] for r in words], dtype=np.int64)
+
+def _class_groups(words, pc, table, word_doc, n_docs, seed):
+    """One condition's mean P-CXMI per word class, with document-bootstrap
+    intervals, beside the mean over all words (and the difference class -
+    all words, on the same draws)."""
+    cls_of = np.array([table.get(normalise(r["word"]), "other") for r in words], dtype=object)
+    flag = [r["in_previous_reference"] for r in words]
+    halves = (np.array([f is True for f in flag]), np.array([f is False for f in flag]))
+    all_num, all_den = _per_doc(pc, word_doc, n_docs), \
+        _per_doc(np.ones(len(pc)), word_doc, n_docs)
+    groups = collections.OrderedDict()
+    groups["all words"] = {"count": len(words), "mean_p_cxmi": float(pc.mean()),
+                           "interval": doc_bootstrap(all_num, all_den, seed=seed),
+                           "words": None}
+    groups["all words"].update(class_breakdown(
+        words, np.ones(len(words), dtype=bool), pc, "all words", halves))
+    for name in list(dict.fromkeys(table.values())) + ["other"]:
+        m = cls_of == name
+        num, den = _per_doc(np.where(m, pc, 0.0), word_doc, n_docs), \
+            _per_doc(m.astype(np.float64), word_doc, n_docs)
+        g = {"count": int(m.sum()),
+             "mean_p_cxmi": float(pc[m].mean()) if m.any() else None,
+             "interval": doc_bootstrap(num, den, seed=seed) if m.any() else None,
+             "minus_all_words": (float(pc[m].mean() - pc.mean()) if m.any() else None),
+             "minus_all_words_interval": (doc_bootstrap(num, den, seed=seed,
+                                                        minus=(all_num, all_den))
+                                          if m.any() else None),
+             "words": sorted({r["word"] for r, k in zip(words, m) if k})
+             if name != "other" else None}
+        g.update(class_breakdown(words, m, pc, name, halves))
+        groups[name] = g
+    return groups
+
+
+def _by_position(ds, sc: _Scores, diffs, conditions):
+    """Per condition, CXMI per token by the sentence's position in its document."""
+    pos = np.asarray(ds.sent_pos)
+    out = {}
+    for c in conditions:
+        rows = collections.OrderedDict()
+        for p in np.unique(pos).tolist():
+            m = pos == p
+            rows[str(p)] = {"sentences": int(m.sum()), "tokens": int(sc.counts[m].sum()),
+                            "cxmi": float(diffs[c][m].sum() / max(int(sc.counts[m].sum()), 1))}
+        out[c] = rows
+    return out
+
+
+def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("none",),
+                 **options):
+    """``(result, words)``: the summary (``cxmi.json``) and one record per
+    reference word (``tokens.jsonl``). The headline ``cxmi`` is the true
+    context (``context_size`` N previous sentences; default: every sentence of
+    the context the checkpoint was trained with) against the empty context
+    (``none``), the paper's CXMI; ``shuffled`` and ``random`` are sensitivity
+    checks beside it. ``curve``: CXMI at every context size ``0..K`` (K the
+    checkpoint's trained size) against the empty context (``result["curve"]``).
+    ``options``: the fields of :class:`CXMIOptions`."""
+    opts = CXMIOptions(**options)
+    conditions, trained_k, n_size = _check_request(task, conditions, opts.context_size,
+                                                   opts.curve)
+    true_ds = condition_dataset(task, split, "true", n_size)
+    if "shuffled" in conditions:
+        _check_shuffled(true_ds, split)
+    lp = {"true": token_logprobs(model, task, true_ds, opts.max_tokens, opts.batch_size)}
+    for c in conditions:
+        lp[c] = token_logprobs(model, task, condition_dataset(task, split, c, n_size),
+                               opts.max_tokens, opts.batch_size)
+    sc = _Scores(lp, true_ds)
+    if sc.tokens == 0:
+        raise CXMIError(f"split {split!r} has no target tokens")
+    spec = _spec(task)
+    result = collections.OrderedDict()
+    result["split"] = split
+    result["sentences"] = sc.n
+    result["documents"] = sc.n_docs
+    result["tokens"] = sc.tokens
+    result["sentences_with_context"] = int(sc.has_ctx.sum())
+    result["context_size"] = n_size
+    result["trained_context_size"] = trained_k
+    result["sample_context_size"] = spec.sampled_context_size  # (the key of old)
+    result["memory_window"] = spec.memory_window
+    result["logprob_true_per_token"] = float(sc.sums["true"].sum() / sc.tokens)
+    result["logprob_true_per_sentence_mean"] = float(np.mean([v.mean() for v in lp["true"]]))
+    result["context_dropout"] = spec.context_dropout
+    result["seed"] = spec.seed
+    result["headline"] = ("cxmi: the true context against the empty context (condition none), "
+                          "the paper's CXMI; shuffled and random are sensitivity checks")
+    diffs = {}
+    for c in conditions:
+        result[c], diffs[c] = _condition_entry(sc, c, opts.seed)
+    result["cxmi"] = result["none"]["cxmi"]
+    result["cxmi_interval"] = result["none"]["interval"]
+    notes = _distribution_notes(result, n_size, trained_k, spec.context_dropout)
+    result["conditions"] = conditions
+    result["target"] = "reference tokens including </s> (teacher forcing); target context " \
+                       "from the references"
+    if opts.curve:
+        result["curve"] = _curve(model, task, split, sc, trained_k, n_size, opts)
+    words = _word_records(task, cfg, true_ds, lp, conditions)
+    result["top_words"] = _top_words(words, conditions, opts.top, opts.min_count)
+    result["top_words_min_count"] = opts.min_count
+    lang = opts.lang or task_setting(task, "target_lang")
+    table = classes_for(lang, opts.word_classes)
+    result["word_class_lang"] = "--word-classes file" if opts.word_classes else lang
     if table is None:
         result["word_classes"] = None
         notes.append(f"no word list for target language {lang!r} (built in: "
                      f"{', '.join(LANGUAGES)}; --lang or --word-classes FILE)")
     else:
-        cls_of = np.array([table.get(normalise(r["word"]), "other") for r in words],
-                          dtype=object)
-        result["word_classes"] = {}
-        flag = [r["in_previous_reference"] for r in words]
-        halves = (np.array([f is True for f in flag]), np.array([f is False for f in flag]))
-        for c in conditions:
-            pc = np.array([r["p_cxmi"][c] for r in words])
-            all_num, all_den = _per_doc(pc, word_doc, n_docs), \
-                _per_doc(np.ones(len(pc)), word_doc, n_docs)
-            groups = collections.OrderedDict()
-            groups["all words"] = {"count": len(words), "mean_p_cxmi": float(pc.mean()),
-                                   "interval": doc_bootstrap(all_num, all_den, seed=seed),
-                                   "words": None}
-            groups["all words"].update(class_breakdown(
-                words, np.ones(len(words), dtype=bool), pc, "all words", halves))
-            for name in list(dict.fromkeys(table.values())) + ["other"]:
-                m = cls_of == name
-                num, den = _per_doc(np.where(m, pc, 0.0), word_doc, n_docs), \
-                    _per_doc(m.astype(np.float64), word_doc, n_docs)
-                g = {"count": int(m.sum()),
-                     "mean_p_cxmi": float(pc[m].mean()) if m.any() else None,
-                     "interval": doc_bootstrap(num, den, seed=seed) if m.any() else None,
-                     "minus_all_words": (float(pc[m].mean() - pc.mean()) if m.any() else None),
-                     "minus_all_words_interval": (doc_bootstrap(num, den, seed=seed,
-                                                                minus=(all_num, all_den))
-                                                  if m.any() else None),
-                     "words": sorted({r["word"] for r, k in zip(words, m) if k})
-                     if name != "other" else None}
-                g.update(class_breakdown(words, m, pc, name, halves))
-                groups[name] = g
-            result["word_classes"][c] = groups
-
-    # by sentence position in the document (P-CXMI per token)
-    pos = np.asarray(ds.sent_pos)
-    result["by_position"] = {}
-    for c in conditions:
-        diff = diffs[c]
-        rows = collections.OrderedDict()
-        for p in np.unique(pos).tolist():
-            m = pos == p
-            rows[str(p)] = {"sentences": int(m.sum()), "tokens": int(counts[m].sum()),
-                            "cxmi": float(diff[m].sum() / max(int(counts[m].sum()), 1))}
-        result["by_position"][c] = rows
+        word_doc = np.array([true_ds.doc_index[r["sentence"]] for r in words], dtype=np.int64)
+        result["word_classes"] = {
+            c: _class_groups(words, np.array([r["p_cxmi"][c] for r in words]), table,
+                             word_doc, sc.n_docs, opts.seed)
+            for c in conditions}
+    result["by_position"] = _by_position(true_ds, sc, diffs, conditions)
     result["notes"] = notes
     return result, words
 
