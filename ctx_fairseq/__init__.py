@@ -23,6 +23,7 @@ _compat.keep_last_batch()
 _compat.reuse_first_epoch_batches()  # a resumed run builds the uninterrupted run's batches
 _compat.atomic_checkpoint_copies()  # checkpoint_last.pt / _best.pt whole or not at all
 _compat.float64_softmax()  # fairseq's softmax keeps a float64 model in float64
+_compat.upgrade_old_context_options()  # --sample-context-size checkpoints take the new options
 _errors.install_excepthook()  # bad options or files: one line, not a traceback
 
 from ctx_fairseq._registry import import_all_submodules as _import_all  # noqa: E402

@@ -44,6 +44,18 @@ inputs (bit-identical to fairseq's), float64 for float64 inputs. The ONNX
 tracing branch is left as it is, and so is TorchScript: a scripted module
 compiles fairseq's own source of these functions (nothing in ctx_fairseq
 scripts a model).
+
+A checkpoint of the ``document_translation`` task trained before issue 35
+stores ``--sample-context-size`` only (one option for the training-time
+sampled size and, with a document memory, the window read outside
+training). fairseq applies command-line overrides to a checkpoint's stored
+configuration only for the keys it already has, so ``--memory-window`` or
+``--sampled-context-size`` given to fairseq-validate (or any tool that
+restores a checkpoint with overrides) would be dropped without a word.
+Importing ``ctx_fairseq`` upgrades such a configuration as it is loaded,
+before the overrides: ``sampled_context_size`` and ``memory_window`` are set
+from the old field (:func:`upgrade_context_options`), which is then 0, so
+the checkpoint scores exactly as before and gives no deprecation warning.
 """
 
 import functools
@@ -167,3 +179,64 @@ def float64_softmax() -> None:
     for name, fn in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
         if not getattr(getattr(utils, name), "ctx_fairseq_fixed", False):
             setattr(utils, name, _no_float64_downcast(getattr(utils, name), fn))
+
+
+def upgrade_context_options(cfg) -> bool:
+    """A document task's stored configuration from before issue 35 (only
+    ``sample_context_size``) given ``sampled_context_size`` and
+    ``memory_window`` in its place (in place; True when upgraded). Anything
+    else, a newer configuration included, is left as it is."""
+    from omegaconf import DictConfig, open_dict
+
+    task = cfg.get("task") if cfg is not None and hasattr(cfg, "get") else None
+    if task is None or task.get("_name", None) != "document_translation":
+        return False
+    if "sample_context_size" not in task or "sampled_context_size" in task \
+            or "memory_window" in task:
+        return False
+    old = int(task.get("sample_context_size") or 0)
+    values = {"sampled_context_size": old,
+              "memory_window": old if task.get("document_memory", False) else None,
+              "sample_context_size": 0}
+    if isinstance(task, DictConfig):
+        with open_dict(task):
+            for k, v in values.items():
+                task[k] = v
+    else:
+        task.update(values)
+    return True
+
+
+def _upgrade_before_overrides(original):
+    @functools.wraps(original)
+    def overwrite_args_by_name(cfg, overrides):
+        upgrade_context_options(cfg)
+        return original(cfg, overrides)
+
+    overwrite_args_by_name.ctx_fairseq_fixed = True
+    return overwrite_args_by_name
+
+
+def _upgrade_on_load(original):
+    @functools.wraps(original)
+    def upgrade_state_dict(state):
+        if isinstance(state, dict) and state.get("cfg") is not None:
+            upgrade_context_options(state["cfg"])
+        return original(state)
+
+    upgrade_state_dict.ctx_fairseq_fixed = True
+    return upgrade_state_dict
+
+
+def upgrade_old_context_options() -> None:
+    """Patch fairseq's checkpoint loading (idempotent): a stored document
+    task configuration is upgraded (:func:`upgrade_context_options`) before
+    the command line's overrides are applied, and on every load."""
+    from fairseq import checkpoint_utils
+
+    if not getattr(checkpoint_utils.overwrite_args_by_name, "ctx_fairseq_fixed", False):
+        checkpoint_utils.overwrite_args_by_name = _upgrade_before_overrides(
+            checkpoint_utils.overwrite_args_by_name)
+    if not getattr(checkpoint_utils._upgrade_state_dict, "ctx_fairseq_fixed", False):
+        checkpoint_utils._upgrade_state_dict = _upgrade_on_load(
+            checkpoint_utils._upgrade_state_dict)

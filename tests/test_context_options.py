@@ -8,11 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from ctx_fairseq.errors import InputError
-from ctx_fairseq.tasks.context_options import (
-    CONTEXT_OPTIONS,
-    context_option_args,
-    validate_context_options,
-)
+from ctx_fairseq.tasks.context_options import context_option_args, validate_context_options
+from ctx_fairseq.tasks.document_config import CONTEXT_OPTIONS
 from ctx_fairseq.tasks.document_config import DocumentTranslationConfig
 
 

@@ -56,8 +56,13 @@ def test_a_split_that_is_not_trained_on_has_no_training_settings_and_reads_the_w
     spec = ContextSpec(source_context_size=1, document_context="online", document_memory=True,
                        sampled_context_size=3, memory_window=3, context_dropout=0.2,
                        coword_dropout=0.1)
-    assert spec.for_split(training=True) is spec
-    assert spec.context_cap() is None  # training: the window is drawn
+    train = spec.for_split(training=True)
+    assert train == dataclasses.replace(spec, memory_window=None)
+    assert train.context_cap() is None  # training: the window is drawn
+    # a window given without a sampled size does not reach the training split either
+    fixed = dataclasses.replace(spec, sampled_context_size=0)
+    assert fixed.for_split(training=True).context_cap() is None
+    assert fixed.for_split(training=False).context_cap() == 3
     other = spec.for_split(training=False)
     assert (other.sampled_context_size, other.context_dropout, other.coword_dropout) == (0, 0, 0)
     assert other.context_cap() == 3  # the window outside training
@@ -150,16 +155,78 @@ def test_a_checkpoint_from_before_the_split_scores_bit_for_bit(name, new_argv, o
             _score(name, [a for a in new_argv if a not in ("--memory-window", "2")])
 
 
+def test_an_old_checkpoint_is_upgraded_before_the_command_lines_overrides(caplog):
+    """fairseq applies overrides only to keys a stored configuration has: an
+    old checkpoint's configuration gets the two new keys first (compat), so
+    ``--memory-window`` reaches fairseq-validate and every tool that restores
+    a checkpoint with overrides; loading it warns of no deprecated option."""
+    from fairseq import checkpoint_utils
+
+    path = os.path.join(LEGACY, "selective.pt")
+    data = os.path.join(LEGACY, "data-bin")
+    with caplog.at_level(logging.WARNING):
+        _, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [path], arg_overrides={"data": data})
+    assert (task.context_spec.memory_window, task.context_spec.sampled_context_size) == (2, 2)
+    assert "deprecated" not in caplog.text
+    _, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [path], arg_overrides={"data": data, "memory_window": 1})
+    assert task.context_spec.memory_window == 1
+    from ctx_fairseq.eval.checkpoints import restore_checkpoint
+
+    _, task, _ = restore_checkpoint(path, data, {"memory_window": 1}, "cpu")
+    assert task.context_spec.memory_window == 1
+
+
+def test_fairseq_validate_takes_the_window_of_an_old_checkpoint(capsys, one_thread):
+    """fairseq-validate builds its task from the checkpoint with the command
+    line as overrides: the old checkpoint's window (2) by default, another
+    with --memory-window (a different loss: the option reached the task)."""
+    from fairseq import options
+    from fairseq_cli import validate as fs_validate
+
+    from fairseq_cli_utils import USER_DIR
+
+    def loss(*extra):
+        # as fairseq-validate's cli_main: the options given (and only those, with
+        # suppress_defaults) override the checkpoint's
+        argv = ["--user-dir", USER_DIR, os.path.join(LEGACY, "data-bin"), "--task",
+                "document_translation", "--path", os.path.join(LEGACY, "selective.pt"),
+                "--valid-subset", "test", "--cpu", "--max-tokens", "400", *extra]
+        args = options.parse_args_and_arch(options.get_validation_parser(), argv)
+        override = options.parse_args_and_arch(options.get_validation_parser(), argv,
+                                               suppress_defaults=True)
+        capsys.readouterr()
+        fs_validate.main(args, override_args=override)
+        out = capsys.readouterr()
+        import re
+
+        found = re.findall(r"\| loss ([0-9.]+)", out.out + out.err)
+        assert found, "fairseq-validate printed no loss"
+        return float(found[-1])
+
+    as_trained = loss()
+    assert loss("--memory-window", "2") == as_trained
+    assert loss("--memory-window", "1") != as_trained
+
+
 def test_the_old_checkpoints_task_reads_as_the_new_spec():
     import torch
 
     from ctx_fairseq.data.contract import memory_window, sampled_context_size
+
+    from ctx_fairseq.compat import upgrade_context_options
 
     for name, window in (("ctx_aware", None), ("selective", 2)):
         state = torch.load(os.path.join(LEGACY, f"{name}.pt"), weights_only=True)
         task = state["cfg"]["task"]
         assert "sampled_context_size" not in task and "memory_window" not in task
         assert sampled_context_size(task) == 2 and memory_window(task) == window
+        assert upgrade_context_options(state["cfg"])  # as fairseq loads it
+        assert (task["sampled_context_size"], task["memory_window"],
+                task["sample_context_size"]) == (2, window, 0)
+        assert sampled_context_size(task) == 2 and memory_window(task) == window
+        assert not upgrade_context_options(state["cfg"])  # once
 
 
 # --------------------------------------------------------------------------- conditions

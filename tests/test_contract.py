@@ -166,7 +166,7 @@ def _context_names():
     import dataclasses
 
     from ctx_fairseq.data.contract import ContextSpec
-    from ctx_fairseq.tasks.context_options import CONTEXT_OPTIONS
+    from ctx_fairseq.tasks.document_config import CONTEXT_OPTIONS
 
     return ({f.name for f in dataclasses.fields(ContextSpec)} | set(CONTEXT_OPTIONS)
             | {"sample_context_size", "sampled_context_size", "memory_window",

@@ -36,26 +36,36 @@ from typing import Dict, List, Optional, Sequence
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _POST_PROCESS = ("--post-process", "--remove-bpe")
-#: document-task options (flag -> takes a value); a sentence-level first pass gets the rest
-_TASK_OPTIONS = {"--task": True, "--source-context-size": True, "--target-context-size": True,
-                 "--context-direction": True, "--context-ablation": True,
-                 "--document-context": True, "--document-memory": False,
-                 "--memory-precomputed": False, "--document-batching": False,
-                 "--context-separator": True, "--gold-target-context": False,
-                 "--target-context-file": True, "--allow-context-change": False}
+def _document_task_options() -> Dict[str, bool]:
+    """The document task's own options (flag -> takes a value), from its
+    configuration (those of fairseq's ``translation`` task excluded): a
+    sentence-level first pass gets the rest."""
+    import dataclasses
+
+    from fairseq.tasks.translation import TranslationConfig
+
+    from ctx_fairseq.tasks.document_config import DocumentTranslationConfig
+
+    base = {f.name for f in dataclasses.fields(TranslationConfig)}
+    out = {"--task": True}
+    for f in dataclasses.fields(DocumentTranslationConfig):
+        if f.name not in base and f.metadata.get("help"):  # (interpolated fields have none)
+            out["--" + f.name.replace("_", "-")] = f.type is not bool
+    return out
 
 
 def sentence_level_args(args: Sequence[str]) -> List[str]:
     """``args`` without the document-task options (for a sentence-level
     first-pass checkpoint, translated with fairseq's own task)."""
+    options = _document_task_options()
     out, skip = [], False
     for a in args:
         if skip:
             skip = False
             continue
         name = a.split("=", 1)[0]
-        if name in _TASK_OPTIONS:
-            skip = _TASK_OPTIONS[name] and "=" not in a
+        if name in options:
+            skip = options[name] and "=" not in a
             continue
         out.append(a)
     return out

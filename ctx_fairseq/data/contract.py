@@ -92,7 +92,7 @@ def model_contract(model) -> ModelContext:
 class ContextSpec:
     """The context specification: every setting that decides which context a
     sentence gets, built once from the document task's configuration
-    (:func:`ctx_fairseq.tasks.context_options.context_spec`) and carried
+    (:meth:`from_task_config`) and carried
     from there, unchanged or through :meth:`replace`-style steps (a split's
     role, :meth:`for_split`; a scorer's condition,
     :meth:`ctx_fairseq.data.conditions.ContextCondition.apply`), to the
@@ -223,10 +223,12 @@ class ContextSpec:
 
     def for_split(self, training: bool) -> "ContextSpec":
         """The spec of one split's dataset: the split fairseq-train trains on
-        keeps the training-only settings; every other split (validation,
-        generation, scoring) has none of them."""
-        if training:
-            return self
+        keeps the training-only settings and reads no window (a memory is
+        windowed in training only by the sampled size); every other split
+        (validation, generation, scoring) has none of the training-only
+        settings and reads the memory's window."""
+        if training:  # a memory is windowed in training only by the sampled size
+            return dataclasses.replace(self, memory_window=None)
         return dataclasses.replace(self, sampled_context_size=0, context_dropout=0.0,
                                    coword_dropout=0.0)
 
@@ -236,8 +238,7 @@ class ContextSpec:
         not isolated) its window, else None (the whole window)."""
         if self.context_size is not None:
             return self.context_size
-        if self.document_memory and self.memory_window and not self.sampled_context_size \
-                and not self.isolate_sentences:
+        if self.document_memory and self.memory_window and not self.isolate_sentences:
             return int(self.memory_window)
         return None
 

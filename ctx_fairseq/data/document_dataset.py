@@ -67,8 +67,7 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
-# the parts of the dataset by job, re-exported here (the task, the models and
-# the tests import them from this module)
+# the parts of the dataset by job (each name is imported from where it is defined)
 from ctx_fairseq.data.conditions import ABLATIONS, ContextCondition
 from ctx_fairseq.data.contract import ContextSpec
 from ctx_fairseq.data.batching import (

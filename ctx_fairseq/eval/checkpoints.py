@@ -9,6 +9,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ctx_fairseq.compat import upgrade_context_options
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.context_options import task_setting
 
@@ -56,6 +57,7 @@ def restore_checkpoint(path: str, data: str, overrides: Optional[Dict] = None,
         for k, v in overrides.items():
             setattr(state["args"], k, v)
     if state.get("cfg") is not None:
+        upgrade_context_options(state["cfg"])  # (an old checkpoint: before the overrides)
         overwrite_args_by_name(state["cfg"], overrides)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides=overrides, state=state)

@@ -58,7 +58,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
-# the readers by format, re-exported (the library entry points above)
+# the readers by format (the library entry points above)
 from ctx_fairseq.prep.common import (
     LINE_BREAK_RUN,
     WHITESPACE,

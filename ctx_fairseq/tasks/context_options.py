@@ -1,5 +1,6 @@
-"""The document task's context options in one place: the declared list of
-options that change what a model sees (a checkpoint is translated with the
+"""The document task's context options checked and compared: the options
+that change what a model sees (``CONTEXT_OPTIONS``, declared beside the
+options in ``tasks/document_config.py``; a checkpoint is translated with the
 values it was trained with), their check before any data is read
 (:func:`validate_context_options`), their command-line form for tools
 that rebuild a checkpoint's command line (:func:`context_option_args`), and
@@ -15,8 +16,10 @@ outside training (default: the sampled K it was trained on). The old
 sets both (:func:`~ctx_fairseq.data.contract.sampled_context_size`,
 :func:`~ctx_fairseq.data.contract.memory_window`): in
 fairseq-train the sampled size (and the validation window, as before), in
-fairseq-generate, fairseq-validate and ctx-cxmi the window, where only the
-window has an effect. A checkpoint trained before the split stores only
+fairseq-generate and fairseq-validate the window, where only the window has
+an effect (ctx-cxmi takes neither: it reads the checkpoint's values, and
+scores another window with ``--context-size N``, the ``window-N``
+condition). A checkpoint trained before the split stores only
 ``sample_context_size``; the same functions read it, so it loads and scores
 as before (tests/test_context_spec.py, with a checkpoint made by the old code)."""
 
@@ -24,21 +27,15 @@ import logging
 from typing import Any, List
 
 from ctx_fairseq.data.contract import memory_window, sampled_context_size
+from ctx_fairseq.tasks.document_config import CONTEXT_OPTIONS, FLAG_OPTIONS
 from ctx_fairseq.data.windows import check_context_sizes
 from ctx_fairseq.errors import InputError
 
-__all__ = ["CONTEXT_OPTIONS", "FLAG_OPTIONS", "validate_context_options",
+__all__ = ["validate_context_options",
            "context_option_args", "context_option_diff", "task_setting"]
 
 logger = logging.getLogger(__name__)
 
-#: options that change what a model sees, compared with the checkpoint's
-#: (``DocumentTranslationTask.check_context_options``)
-CONTEXT_OPTIONS = ("source_context_size", "target_context_size", "context_direction",
-                   "document_context", "document_memory", "context_separator",
-                   "concat_context", "concat_break")
-#: of those, the ones given as a bare flag (``store_true``)
-FLAG_OPTIONS = ("document_memory", "concat_context")
 
 
 def _get(cfg, name: str, default: Any = None) -> Any:

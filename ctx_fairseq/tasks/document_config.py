@@ -18,6 +18,15 @@ from ctx_fairseq.data.layouts import DIRECTIONS, DOCUMENT_CONTEXTS
 logger = logging.getLogger(__name__)
 
 
+#: options that change what a model sees, compared with the checkpoint's
+#: (``DocumentTranslationTask.check_context_options``)
+CONTEXT_OPTIONS = ("source_context_size", "target_context_size", "context_direction",
+                   "document_context", "document_memory", "context_separator",
+                   "concat_context", "concat_break")
+#: of those, the ones given as a bare flag (``store_true``)
+FLAG_OPTIONS = ("document_memory", "concat_context")
+
+
 @dataclass
 class DocumentTranslationConfig(TranslationConfig):
     source_context_size: int = field(

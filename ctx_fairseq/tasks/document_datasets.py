@@ -61,10 +61,10 @@ class DocumentDatasetsMixin:
         return paths[(epoch - 1) % len(paths)]
 
     def _separator(self) -> int:
-        if self.cfg.concat_context:
-            return self.src_dict.index(self.cfg.concat_break)
+        if self.context_spec.concat_context:
+            return self.src_dict.index(self.context_spec.concat_break)
         sep = _symbol_index(self.src_dict, self.cfg.context_separator, "source")
-        if self.cfg.target_context_size > 0:
+        if self.context_spec.target_context_size > 0:
             tsep = _symbol_index(self.tgt_dict, self.cfg.context_separator, "target")
             if tsep != sep:
                 raise InputError(f"--context-separator {self.cfg.context_separator!r} has "
@@ -90,14 +90,14 @@ class DocumentDatasetsMixin:
         if generation and c.own_target_context:
             spec = dataclasses.replace(spec, document_batching=True)
         limits = {"src": c.max_source_positions, "tgt": c.max_target_positions}
-        if c.concat_context:
+        if spec.concat_context:
             limits = concat_limits(base, c.max_source_positions, c.max_target_positions,
                                    generation)
         inner = DocumentContextDataset(
             base, doc_ids, spec, separator=self._separator(), tgt_context=tgt_context,
             max_context_tokens=limits, docids_path=docids_path,
-            context_layout=None if c.concat_context else self.context_layout)
-        if c.concat_context:
+            context_layout=None if spec.concat_context else self.context_layout)
+        if spec.concat_context:
             return ConcatContextDataset(inner, self._separator(), generation=generation)
         return inner
 
@@ -127,7 +127,7 @@ class DocumentDatasetsMixin:
         if tgt_file and self.cfg.gold_target_context:
             raise InputError("--gold-target-context and --target-context-file both given; "
                              "choose one source of target context")
-        if tgt_file and self.cfg.target_context_size <= 0:
+        if tgt_file and self.context_spec.target_context_size <= 0:
             raise InputError(f"--target-context-file {tgt_file} given, but "
                              "--target-context-size is 0: the file would not be used")
         generating = kwargs.get("task_cfg") is not None  # fairseq-generate
@@ -138,18 +138,18 @@ class DocumentDatasetsMixin:
                 raise InputError("--own-target-context is for fairseq-generate (the model's own "
                                  "translations as target context); training and validation take "
                                  "target context from the references")
-            if self.cfg.target_context_size <= 0:
+            if self.context_spec.target_context_size <= 0:
                 raise InputError("--own-target-context given, but --target-context-size is 0")
             if tgt_file or self.cfg.gold_target_context:
                 raise InputError("--own-target-context, --gold-target-context and "
                                  "--target-context-file: choose one source of target context")
-            if self.cfg.document_context == "offline" or (
-                    self.cfg.document_context == "none" and self.cfg.context_direction != "prev"):
+            if self.context_spec.document_context == "offline" or (
+                    self.context_spec.document_context == "none" and self.context_spec.context_direction != "prev"):
                 raise InputError("--own-target-context: the model's own translations exist for "
                                  "previous sentences only (--context-direction prev or "
                                  "--document-context online); following sentences would get "
                                  "empty target context")
-            if self.cfg.context_ablation != "none":
+            if self.context_spec.ablation != "none":
                 raise InputError("--own-target-context with --context-ablation: the wrong "
                                  "context would come from documents not translated yet; "
                                  "translate once, then use --target-context-file with the "
@@ -159,7 +159,7 @@ class DocumentDatasetsMixin:
         path = os.path.join(self._data_path(split, epoch), f"{split}.docids")
         doc_ids = read_docids(path, expected=len(base))
         tgt_context = None
-        if self.cfg.target_context_size > 0 and tgt_file:
+        if self.context_spec.target_context_size > 0 and tgt_file:
             tgt_context = read_target_context_file(tgt_file, self.tgt_dict, len(base))
         if self.cfg.own_target_context:  # filled in document order as sentences are translated
             empty = torch.tensor([self.tgt_dict.eos()], dtype=torch.long)
@@ -172,10 +172,10 @@ class DocumentDatasetsMixin:
                                          training=training)
         ds = self.datasets[split]
         logger.info(f"{split}: {len(ds)} sentences in {len(ds.doc_start)} documents "
-                    f"({path}); source context {self.cfg.source_context_size}, target context "
-                    f"{self.cfg.target_context_size}, direction {self.cfg.context_direction}, "
-                    f"document context {self.cfg.document_context}, ablation "
-                    f"{self.cfg.context_ablation}")
+                    f"({path}); source context {self.context_spec.source_context_size}, target context "
+                    f"{self.context_spec.target_context_size}, direction {self.context_spec.context_direction}, "
+                    f"document context {self.context_spec.document_context}, ablation "
+                    f"{self.context_spec.ablation}")
         spec = self.context_spec
         if training and (spec.context_dropout or spec.coword_dropout
                          or spec.sampled_context_size):

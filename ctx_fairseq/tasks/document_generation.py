@@ -35,7 +35,7 @@ class DocumentGenerationMixin:
         """``fairseq-interactive``: the input lines are sentences of a document,
         in order; a blank line starts a new document. Context is kept across
         calls (buffers)."""
-        c = self.cfg
+        c = self.context_spec
         if self.uses_context and (c.document_context == "offline" or (
                 c.document_context == "none" and c.context_direction != "prev")):
             raise InputError(
@@ -116,13 +116,13 @@ class DocumentGenerationMixin:
         if self.cfg.own_target_context and "_view" not in sample:
             return self._own_target_context_step(generator, models, sample, prefix_tokens,
                                                  constraints)
-        if self.cfg.concat_context:
+        if self.context_spec.concat_context:
             return self._concat_step(generator, models, sample, prefix_tokens, constraints)
         ni = sample["net_input"]
         if not any(k in ni for k in self.context_keys()):
             sample = self._restore_interactive_sample(sample)
         view = sample.pop("_view", None)
-        if view is None or self.cfg.target_context_size <= 0:
+        if view is None or self.context_spec.target_context_size <= 0:
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
         return self._sequential_step(view, generator, models, sample, prefix_tokens, constraints)
 
@@ -188,9 +188,9 @@ class DocumentGenerationMixin:
                         "--shard-id that split documents)")
             one = ds.collater([ds[i] for i in group])
             one_ids = one["id"].tolist()  # the collater's order (still on the CPU: no read)
-            plen = one["target_prefix_len"].tolist() if self.cfg.concat_context else None
+            plen = one["target_prefix_len"].tolist() if self.context_spec.concat_context else None
             one = to_device(one, device)
-            if self.cfg.concat_context:
+            if self.context_spec.concat_context:
                 hyps = self._concat_step(generator, models, one, None, None, plen)
             else:
                 hyps = super().inference_step(generator, models, one, None, None)
@@ -230,7 +230,7 @@ class DocumentGenerationMixin:
     def build_generator(self, models, args, **kwargs):
         # fairseq-generate loads its split first; fairseq-interactive loads none and
         # takes target context from the model's own translations
-        if (self.cfg.target_context_size > 0 and not self.cfg.gold_target_context
+        if (self.context_spec.target_context_size > 0 and not self.cfg.gold_target_context
                 and not self.cfg.target_context_file and not self.cfg.own_target_context
                 and self.datasets):
             raise InputError("generation with --target-context-size > 0 needs the target "
@@ -238,13 +238,13 @@ class DocumentGenerationMixin:
                              "--target-context-file FILE (hypotheses of an earlier pass) or "
                              "--own-target-context (the model's own translations, in document "
                              "order)")
-        if self.cfg.concat_context and getattr(args, "score_reference", False):
+        if self.context_spec.concat_context and getattr(args, "score_reference", False):
             raise InputError("--score-reference with --concat-context is not supported (fairseq's "
                              "reference scorer knows nothing of the target context); score "
                              "references with ctx-score-contrastive or a validation pass")
-        if self.cfg.concat_context:  # the break only ever comes from the forced prefix
+        if self.context_spec.concat_context:  # the break only ever comes from the forced prefix
             extra = dict(kwargs.get("extra_gen_cls_kwargs") or {})
             extra["tokens_to_suppress"] = list(extra.get("tokens_to_suppress", ())) + [
-                self.cfg.concat_break]
+                self.context_spec.concat_break]
             kwargs["extra_gen_cls_kwargs"] = extra
         return super().build_generator(models, args, **kwargs)

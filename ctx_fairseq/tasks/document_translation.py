@@ -138,15 +138,12 @@ from ctx_fairseq.data.document_dataset import DocumentContextDataset
 from ctx_fairseq.data.batching import DocumentShardedEpochBatchIterator
 from ctx_fairseq.data.layouts import merge_context_layouts, normalise_context_layout
 from ctx_fairseq.errors import InputError
-from ctx_fairseq.tasks.context_options import (
-    CONTEXT_OPTIONS,
-    validate_context_options,
-)
+from ctx_fairseq.tasks.context_options import validate_context_options
 from ctx_fairseq.tasks.generation import (
     OwnTargetContextState,
 )
 from ctx_fairseq.tasks.interactive import InteractiveDocumentState, InteractiveDocumentView
-from ctx_fairseq.tasks.document_config import DocumentTranslationConfig
+from ctx_fairseq.tasks.document_config import CONTEXT_OPTIONS, DocumentTranslationConfig
 from ctx_fairseq.tasks.document_datasets import DocumentDatasetsMixin
 from ctx_fairseq.tasks.document_generation import DocumentGenerationMixin
 
@@ -193,14 +190,14 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
 
     def context_keys(self) -> List[str]:
         """The ``net_input`` keys this task's batches carry context in."""
-        if self.cfg.concat_context:
+        if self.context_spec.concat_context:
             return ["src_tokens"]  # the context is inside the sequences
-        if self.cfg.document_memory:
+        if self.context_spec.document_memory:
             return ["mem_src_tokens"]
         keys = []
-        if self.cfg.source_context_size > 0:
+        if self.context_spec.source_context_size > 0:
             keys.append("src_ctx_tokens")
-        if self.cfg.target_context_size > 0:
+        if self.context_spec.target_context_size > 0:
             keys.append("tgt_ctx_tokens")
         return keys
 
@@ -264,18 +261,18 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
         model = super().build_model(cfg, from_checkpoint)
         contract = model_contract(model)
         arch = getattr(cfg, "arch", type(model).__name__)
-        if self.cfg.concat_context:
+        if self.context_spec.concat_context:
             if hasattr(model, "finish_setup") or contract.inputs:
                 raise InputError("--concat-context is for sentence-level architectures; "
                                  f"{arch} reads context inputs of its own")
-        elif self.cfg.source_context_size > 0 or self.cfg.target_context_size > 0:
+        elif self.context_spec.source_context_size > 0 or self.context_spec.target_context_size > 0:
             if not contract.inputs:  # a context model's unread side: warned below
                 raise InputError(
                     f"--arch {arch} does not take document context (its forward has no "
                     f"{self.context_keys()[0]}: its class declares no context_contract); use a "
                     "context-aware architecture or --source-context-size 0 "
                     "--target-context-size 0")
-        if not self.cfg.concat_context:
+        if not self.context_spec.concat_context:
             self.set_context_layout(contract.layout)
         path = getattr(cfg, "init_from_sentence_checkpoint", None)
         restore = None if from_checkpoint else self.checkpoint_to_restore()
@@ -287,7 +284,7 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
             model.finish_setup(init, new_run=not from_checkpoint and not restore)
         elif init and hasattr(model, "load_sentence_checkpoint"):
             model.load_sentence_checkpoint(init)
-        if (self.cfg.target_context_size > 0 and not self.cfg.concat_context
+        if (self.context_spec.target_context_size > 0 and not self.context_spec.concat_context
                 and not contract.uses_target_context):
             logger.warning(f"{type(model).__name__} does not use target context; "
                            "--target-context-size only costs time")

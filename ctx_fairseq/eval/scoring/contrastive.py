@@ -75,7 +75,6 @@ import torch
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
 from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Suite, read_suite
-# distance_key and write_report_files are re-exported
 from ctx_fairseq.eval.scoring.suite_report import (
     accuracy_bar_plot, add_output_args, add_suite_args, group_outcomes, pct, print_report,
     report_name, result_rows, suite_options, write_report_files)

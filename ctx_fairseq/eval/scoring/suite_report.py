@@ -9,6 +9,7 @@ import json
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ctx_fairseq.data.conditions import ABLATIONS
 from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure
 
 __all__ = ["distance_key", "group_outcomes", "pct", "result_rows", "accuracy_bar_plot",
@@ -149,7 +150,7 @@ def add_suite_args(p, ablation_help: str, target_context_help: str) -> None:
     p.add_argument("--suite-json", default=None,
                    help="lopes: the suite's JSON, for categories and distances")
     p.add_argument("--split", default="test", help="toy: the split the records' ids refer to")
-    p.add_argument("--context-ablation", default="none", choices=["none", "shuffled", "random"],
+    p.add_argument("--context-ablation", default="none", choices=list(ABLATIONS),
                    help=ablation_help)
     p.add_argument("--gold-target-context", action="store_true", help=target_context_help)
     p.add_argument("--allow-partial-document", action="store_true",
