@@ -14,7 +14,7 @@ import torch
 
 from ctx_fairseq.data.memory_index import length_buckets
 from ctx_fairseq.errors import InputError
-from test_selective_doc import build, corpus, dataset, enc_input, setup_task
+from selective_doc_utils import build, corpus, dataset, enc_input, setup_task
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exactness]
 
