@@ -7,6 +7,7 @@ import re
 import pytest
 
 from ctx_fairseq.cli import bench
+from ctx_fairseq.cli.bench_report import step_time_fit
 
 TINY = ["--layers", "1", "--embed-dim", "16", "--heads", "2", "--ffn-dim", "32", "--vocab", "64",
         "--src-len", "6", "--tgt-len", "5", "--max-tokens", "40", "--infer-sentences", "3",
@@ -347,7 +348,7 @@ def test_sweep_summary_finds_where_the_step_stops_being_host_bound():
     steps = [point(m, m / (0.05 + m / 4e5)) for m in (4096, 16384, 32768)]
     s = bench.sweep_summary(steps)["a"]
     assert s["fixed_ms"] == pytest.approx(50.0) and s["host_half_tokens"] == pytest.approx(2e4)
-    assert bench.step_time_fit([4096], [1e4]) == {"fixed_ms": None, "host_half_tokens": None}
+    assert step_time_fit([4096], [1e4]) == {"fixed_ms": None, "host_half_tokens": None}
 
 
 def test_sweep_mode_runs_each_batch(capsys, tmp_path):
