@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fairseq_cli_utils import TINY_MODEL_ARGS, train
+from ctx_fairseq.eval.context_use import cxmi_outputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -103,8 +104,8 @@ def test_outputs(measured, tmp_path):
     from ctx_fairseq.eval.context_use import cxmi
 
     result, words = measured
-    paths = cxmi.write_outputs(result, words, str(tmp_path))
-    assert sorted(os.listdir(tmp_path)) == sorted(cxmi.OUTPUT_FILES)
+    paths = cxmi_outputs.write_outputs(result, words, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted(cxmi_outputs.OUTPUT_FILES)
     got = json.loads((tmp_path / "cxmi.json").read_text())
     assert got["cxmi"] == got["none"]["cxmi"] and got["cxmi_interval"] == got["none"]["interval"]
     for c in CONDS:
@@ -186,7 +187,7 @@ def test_class_breakdown_per_word_and_by_repetition(loaded, measured, tmp_path):
         "count"] == len(words) - len(ds)  # every word but the </s> of each sentence
     pron = result["word_classes"]["none"]["pronouns"]
     assert pron["count"] > 0
-    md = cxmi.format_result(result)
+    md = cxmi_outputs.format_result(result)
     assert "pronouns: mean P-CXMI per word" in md
     assert f"| (pronouns: in the previous reference sentence) | " \
         f"{pron['in_previous_reference']['count']} |" in md
@@ -325,9 +326,9 @@ def test_errors(sentence_ckpt, context_ckpt, toy_bin, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("plot failed")
 
-    monkeypatch.setattr(cxmi, "_plots", boom)
+    monkeypatch.setattr(cxmi_outputs, "_plots", boom)
     with pytest.raises(RuntimeError, match="plot failed"):
-        cxmi.write_outputs(result, words, str(out))
+        cxmi_outputs.write_outputs(result, words, str(out))
     assert os.listdir(out) == []
 
 
@@ -389,7 +390,7 @@ def test_document_memory_models(name, toy_bin, tmp_path, selective_dec_ckpt):
         if online:  # a document's first sentence sees no memory under any condition
             assert np.abs(diff[true_ds.sent_pos == 0]).max() < 1e-5
         assert np.abs(diff[has]).max() > 1e-4  # the condition changed what the model saw
-    write = cxmi.write_outputs(result, words, str(tmp_path / "out"))
+    write = cxmi_outputs.write_outputs(result, words, str(tmp_path / "out"))
     assert os.path.exists(write["cxmi.json"])
 
 
@@ -519,7 +520,7 @@ def test_every_context_architecture(name, toy_bin, tmp_path):
         assert result[c]["cxmi_per_token"] == pytest.approx((true - other).sum() / tokens,
                                                             abs=1e-5)
         assert result["by_position"][c]["0"]["cxmi"] == pytest.approx(0.0, abs=1e-6)
-    write = cxmi.write_outputs(result, words, str(tmp_path / "out"))
+    write = cxmi_outputs.write_outputs(result, words, str(tmp_path / "out"))
     assert os.path.exists(write["tokens.jsonl"])
 
 
