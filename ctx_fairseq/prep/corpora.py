@@ -174,6 +174,42 @@ def _stem(name: str) -> str:
     return base
 
 
+def _aligned_file_names(src_dir: str, tgt_dir: str) -> List[str]:
+    """The file names of two directories of line-aligned files, the same in
+    both (an error naming the directory otherwise)."""
+    for d in (src_dir, tgt_dir):
+        if not os.path.isdir(d):
+            raise PrepDocsError(d, None, "no such directory; expected a directory of "
+                                         "line-aligned files")
+    names = sorted(n for n in os.listdir(src_dir) if os.path.isfile(os.path.join(src_dir, n))
+                   and not n.startswith("."))
+    tnames = sorted(n for n in os.listdir(tgt_dir) if os.path.isfile(os.path.join(tgt_dir, n))
+                    and not n.startswith("."))
+    if not names:
+        raise PrepDocsError(src_dir, None, "no files; expected one file per session/document")
+    missing = sorted(set(names) ^ set(tnames))
+    if missing:
+        where = [f"{n} (only in {src_dir if n in names else tgt_dir})" for n in missing[:5]]
+        raise PrepDocsError(tgt_dir, None, f"{len(missing)} file(s) not in both directories: "
+                                           f"{', '.join(where)}; expected the same file names")
+    return names
+
+
+def _check_markup_pair(stag, ttag, lines, paths, no: int) -> None:
+    """Line ``no`` is markup in both files (the same tag) or text in both."""
+    (s, t), (sp, tp) = lines, paths
+    if (stag is None) != (ttag is None):
+        markup, other = (sp, tp) if stag is not None else (tp, sp)
+        raise PrepDocsError(markup, no, f"markup line {(s if stag else t).strip()!r}, but "
+                                        f"line {no} of {other} is text; expected markup "
+                                        "on the same lines in both files")
+    if stag is not None and stag[:2] != ttag[:2]:
+        (name_s, closing_s), (name_t, closing_t) = stag[:2], ttag[:2]
+        raise PrepDocsError(sp, no, f"<{'/' if closing_s else ''}{name_s}> here but "
+                                    f"<{'/' if closing_t else ''}{name_t}> on line "
+                                    f"{no} of {tp}; expected the same markup")
+
+
 def load_aligned_sessions(src_dir: str, tgt_dir: str, unit: str = "speaker",
                           boundary_tags: Sequence[str] = ("SPEAKER", "CHAPTER"),
                           ) -> Tuple[List[ParallelDoc], CorpusStats]:
@@ -195,21 +231,7 @@ def load_aligned_sessions(src_dir: str, tgt_dir: str, unit: str = "speaker",
     if unit not in ("speaker", "file"):
         raise ValueError(f"unit must be 'speaker' or 'file', not {unit!r}")
     boundary = {t.upper() for t in boundary_tags}
-    for d in (src_dir, tgt_dir):
-        if not os.path.isdir(d):
-            raise PrepDocsError(d, None, "no such directory; expected a directory of "
-                                         "line-aligned files")
-    names = sorted(n for n in os.listdir(src_dir) if os.path.isfile(os.path.join(src_dir, n))
-                   and not n.startswith("."))
-    tnames = sorted(n for n in os.listdir(tgt_dir) if os.path.isfile(os.path.join(tgt_dir, n))
-                    and not n.startswith("."))
-    if not names:
-        raise PrepDocsError(src_dir, None, "no files; expected one file per session/document")
-    missing = sorted(set(names) ^ set(tnames))
-    if missing:
-        where = [f"{n} (only in {src_dir if n in names else tgt_dir})" for n in missing[:5]]
-        raise PrepDocsError(tgt_dir, None, f"{len(missing)} file(s) not in both directories: "
-                                           f"{', '.join(where)}; expected the same file names")
+    names = _aligned_file_names(src_dir, tgt_dir)
     stats = CorpusStats()
     docs: List[ParallelDoc] = []
     seen_ids: Dict[str, str] = {}
@@ -244,18 +266,10 @@ def load_aligned_sessions(src_dir: str, tgt_dir: str, unit: str = "speaker",
 
         for no, (s, t) in enumerate(zip(src, tgt), 1):
             stag, ttag = _parse_tag(s), _parse_tag(t)
-            if (stag is None) != (ttag is None):
-                markup, other = (sp, tp) if stag is not None else (tp, sp)
-                raise PrepDocsError(markup, no, f"markup line {(s if stag else t).strip()!r}, but "
-                                                f"line {no} of {other} is text; expected markup "
-                                                "on the same lines in both files")
+            _check_markup_pair(stag, ttag, (s, t), (sp, tp), no)
             if stag is not None:
                 name_s, closing_s, attrs_s = stag
-                name_t, closing_t, attrs_t = ttag
-                if (name_s, closing_s) != (name_t, closing_t):
-                    raise PrepDocsError(sp, no, f"<{'/' if closing_s else ''}{name_s}> here but "
-                                                f"<{'/' if closing_t else ''}{name_t}> on line "
-                                                f"{no} of {tp}; expected the same markup")
+                attrs_t = ttag[2]
                 if unit == "speaker" and name_s in boundary and not closing_s:
                     if name_s == "SPEAKER" and attrs_s.get("ID") != attrs_t.get("ID"):
                         raise PrepDocsError(sp, no, f"SPEAKER ID {attrs_s.get('ID')!r} here but "

@@ -325,6 +325,66 @@ def _doc_key(doc: str) -> str:
     return path
 
 
+def _kept_link(link, swap: bool, src, tgt, alignment: str, one_to_one: bool,
+               min_overlap: Optional[float]):
+    """``(reason, source sentences, source text, target text)`` of one link:
+    ``reason`` None when it is kept, else why it is dropped (a count of the
+    summary). ``src``/``tgt``: ``(sentences by id, document name)``; a link
+    naming a sentence its document does not have is an error."""
+    (ssents, sname), (tsents, tname) = src, tgt
+    sids, tids = (link.tgt_ids, link.src_ids) if swap else (link.src_ids, link.tgt_ids)
+    for ids, sents, name in ((sids, ssents, sname), (tids, tsents, tname)):
+        for i in ids:
+            if i not in sents:
+                raise PrepDocsError(alignment, link.line,
+                                    f"sentence id {i} is not in {name}; expected the "
+                                    "ids of the aligned documents")
+    reason = None
+    if not sids or not tids:
+        reason = "links dropped: an empty side"
+    elif one_to_one and (len(sids) > 1 or len(tids) > 1):
+        reason = "links dropped: not 1:1"
+    elif min_overlap is not None:
+        if link.overlap is None:
+            raise PrepDocsError(alignment, link.line,
+                                "<link> without an overlap attribute; --min-overlap "
+                                "needs the time-overlap scores of the OpenSubtitles "
+                                "alignments")
+        if link.overlap < min_overlap:
+            reason = f"links dropped: overlap below {min_overlap:g}"
+    src_s = [ssents[i] for i in sids]
+    if reason is None:
+        order = [s.index for s in src_s]
+        if order != list(range(order[0], order[0] + len(order))):
+            reason = "links dropped: source sentences not contiguous"
+        elif len({s.segment for s in src_s}) > 1:
+            reason = "links dropped: source sentences across a boundary element"
+    s_text = t_text = ""
+    if reason is None:
+        s_text = " ".join(s.text for s in src_s).strip()
+        t_text = " ".join(tsents[i].text for i in tids).strip()
+        if not s_text or not t_text:
+            reason = "links dropped: empty text"
+    return reason, src_s, s_text, t_text
+
+
+def _run_break(last, first, max_gap: Optional[float], gap_from: str) -> Optional[str]:
+    """Why a kept link whose first source sentence is ``first`` does not
+    continue the run whose last source sentence is ``last`` (None: it does)."""
+    if first.index != last.index + 1:
+        return "runs ended: source sentences not adjacent"
+    if first.segment != last.segment:
+        return "runs ended: boundary element"
+    if max_gap is not None:
+        a = last.start if gap_from == "start" else last.end
+        b = first.start
+        if a is None or b is None:
+            return "runs ended: time unknown"
+        if abs(b - a) > max_gap:
+            return f"runs ended: time gap above {max_gap:g}s"
+    return None
+
+
 def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str, *,
               min_overlap: Optional[float] = None, max_gap: Optional[float] = None,
               gap_from: str = "start", one_to_one: bool = True,
@@ -404,38 +464,9 @@ def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str
 
             for link in group.links:
                 stats.add("links")
-                sids, tids = (link.tgt_ids, link.src_ids) if swap else (link.src_ids, link.tgt_ids)
-                for ids, sents, name in ((sids, ssents, sname), (tids, tsents, tname)):
-                    for i in ids:
-                        if i not in sents:
-                            raise PrepDocsError(alignment, link.line,
-                                                f"sentence id {i} is not in {name}; expected the "
-                                                "ids of the aligned documents")
-                reason = None
-                if not sids or not tids:
-                    reason = "links dropped: an empty side"
-                elif one_to_one and (len(sids) > 1 or len(tids) > 1):
-                    reason = "links dropped: not 1:1"
-                elif min_overlap is not None:
-                    if link.overlap is None:
-                        raise PrepDocsError(alignment, link.line,
-                                            "<link> without an overlap attribute; --min-overlap "
-                                            "needs the time-overlap scores of the OpenSubtitles "
-                                            "alignments")
-                    if link.overlap < min_overlap:
-                        reason = f"links dropped: overlap below {min_overlap:g}"
-                src_s = [ssents[i] for i in sids]
-                if reason is None:
-                    order = [s.index for s in src_s]
-                    if order != list(range(order[0], order[0] + len(order))):
-                        reason = "links dropped: source sentences not contiguous"
-                    elif len({s.segment for s in src_s}) > 1:
-                        reason = "links dropped: source sentences across a boundary element"
-                if reason is None:
-                    s_text = " ".join(s.text for s in src_s).strip()
-                    t_text = " ".join(tsents[i].text for i in tids).strip()
-                    if not s_text or not t_text:
-                        reason = "links dropped: empty text"
+                reason, src_s, s_text, t_text = _kept_link(
+                    link, swap, (ssents, sname), (tsents, tname), alignment, one_to_one,
+                    min_overlap)
                 if reason is not None:
                     stats.add(reason, where=f"{alignment}:{link.line}")
                     close_run()
@@ -445,18 +476,7 @@ def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str
                     continue
                 first, last = src_s[0], src_s[-1]
                 if prev is not None:
-                    brk = None
-                    if first.index != prev[1].index + 1:
-                        brk = "runs ended: source sentences not adjacent"
-                    elif first.segment != prev[1].segment:
-                        brk = "runs ended: boundary element"
-                    elif max_gap is not None:
-                        a = prev[1].start if gap_from == "start" else prev[1].end
-                        b = first.start
-                        if a is None or b is None:
-                            brk = "runs ended: time unknown"
-                        elif abs(b - a) > max_gap:
-                            brk = f"runs ended: time gap above {max_gap:g}s"
+                    brk = _run_break(prev[1], first, max_gap, gap_from)
                     if brk is not None:
                         stats.add(brk, where=f"{alignment}:{link.line}")
                         close_run()
