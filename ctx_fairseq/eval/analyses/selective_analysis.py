@@ -232,6 +232,64 @@ def _text(d, tokens) -> str:
 # ------------------------------------------------------------------------ sentence
 
 
+#: what a sentence analysis measures, by integration
+_SETTING_TEXT = {
+    "encoder": ("encoder integration: queries are the source tokens of the sentence "
+                "(encoder forward; the target is not needed); memory: the source sentences "
+                "of the document"),
+    "decoder": ("decoder integration: teacher-forced with the reference translation (query "
+                "k predicts target token k); target memory: the reference translations of "
+                "the context sentences (gold target memory), with their sources"),
+}
+
+
+def _query_selection(ni, batch, integration: str, task, padding_mask,
+                     query_token: Optional[int]):
+    """``(query words, selected positions)``: the real query tokens' labels
+    and the positions averaged over (all real tokens, or ``query_token``)."""
+    if integration == "encoder":
+        d, q_tokens = task.source_dictionary, ni["src_tokens"][0].cpu()
+    else:
+        d, q_tokens = task.target_dictionary, batch["target"][0]
+    q_labels = [d[t] for t in q_tokens.tolist()]
+    real = (~padding_mask[0].bool().cpu()) if padding_mask is not None else \
+        torch.ones(len(q_labels), dtype=torch.bool)
+    if real.numel() != len(q_labels):  # query width differs from the token row: align right/left
+        raise RuntimeError("query padding mask and query tokens differ in length")
+    real_pos = real.nonzero().squeeze(1)
+    query_words = [q_labels[int(t)] for t in real_pos]
+    if query_token is None:
+        return query_words, real_pos
+    if not 0 <= query_token < len(real_pos):
+        raise ValueError(f"--query-token {query_token}: the query has {len(real_pos)} "
+                         f"tokens (0..{len(real_pos) - 1}): {' '.join(query_words)}")
+    return query_words, real_pos[query_token:query_token + 1]
+
+
+def _top_words_by_head(top, memory, ww, H: int, top_words: int):
+    """Per head, the ``top_words`` memory words of the top sentences with the
+    largest word weights (``memory``: the memory's word rows, which of them
+    are real words, and its dictionary); fills each top sentence's words and
+    word weights per head."""
+    mem_words, mem_real_w, mem_d = memory
+    for e in top:
+        j, r = e.pop("_column"), e.pop("_row")
+        cols = mem_real_w[r].nonzero().squeeze(1)
+        e["words"] = [mem_d[int(mem_words[r, c])] for c in cols]
+        e["word_weights_per_head"] = [[float(ww[h, j, c]) for c in cols] for h in range(H)]
+    out = []
+    for h in range(H):
+        cands = []
+        for e in top:
+            for n, (w, a) in enumerate(zip(e["words"], e["word_weights_per_head"][h])):
+                if a > 0:
+                    cands.append({"word": w, "offset": e["offset"], "line": e["line"],
+                                  "position": n, "weight": a})
+        cands.sort(key=lambda c: (-c["weight"], abs(c["offset"]), c["position"]))
+        out.append(cands[:top_words])
+    return out
+
+
 @torch.no_grad()
 def sentence_analysis(model, task, split: str = "test", line: int = 0, top_sentences: int = 3,
                       top_words: int = 5, query_token: Optional[int] = None) -> Dict:
@@ -261,26 +319,8 @@ def sentence_analysis(model, task, split: str = "test", line: int = 0, top_sente
     doc_start = line - qpos
     has_context = bool(info["has_context"][0])
 
-    # query tokens and their labels
-    if integration == "encoder":
-        q_tokens = ni["src_tokens"][0].cpu()
-        q_labels = [src_d[t] for t in q_tokens.tolist()]
-    else:
-        q_tokens = batch["target"][0]
-        q_labels = [tgt_d[t] for t in q_tokens.tolist()]
-    pm = rec.query_padding_mask
-    real = (~pm[0].bool().cpu()) if pm is not None else torch.ones(len(q_labels), dtype=torch.bool)
-    if real.numel() != len(q_labels):  # query width differs from the token row: align right/left
-        raise RuntimeError("query padding mask and query tokens differ in length")
-    real_pos = real.nonzero().squeeze(1)
-    query_words = [q_labels[int(t)] for t in real_pos]
-    if query_token is not None:
-        if not 0 <= query_token < len(real_pos):
-            raise ValueError(f"--query-token {query_token}: the query has {len(real_pos)} "
-                             f"tokens (0..{len(real_pos) - 1}): {' '.join(query_words)}")
-        sel = real_pos[query_token:query_token + 1]
-    else:
-        sel = real_pos
+    query_words, sel = _query_selection(ni, batch, integration, task, rec.query_padding_mask,
+                                        query_token)
 
     sw = info["sent_weights"][0].detach().double().cpu()  # H x T x S_max
     si = info["sent_index"][0].cpu()  # S_max
@@ -324,33 +364,12 @@ def sentence_analysis(model, task, split: str = "test", line: int = 0, top_sente
 
     words_by_head = None
     if word_level:
-        words_by_head = []
-        for e in top:
-            j, r = e.pop("_column"), e.pop("_row")
-            cols = mem_real_w[r].nonzero().squeeze(1)
-            e["words"] = [mem_d[int(mem_words[r, c])] for c in cols]
-            e["word_weights_per_head"] = [[float(ww[h, j, c]) for c in cols] for h in range(H)]
-        for h in range(H):
-            cands = []
-            for e in top:
-                for n, (w, a) in enumerate(zip(e["words"], e["word_weights_per_head"][h])):
-                    if a > 0:
-                        cands.append({"word": w, "offset": e["offset"], "line": e["line"],
-                                      "position": n, "weight": a})
-            cands.sort(key=lambda c: (-c["weight"], abs(c["offset"]), c["position"]))
-            words_by_head.append(cands[:top_words])
+        words_by_head = _top_words_by_head(top, (mem_words, mem_real_w, mem_d), ww, H, top_words)
     for e in sentences:
         e.pop("_column", None)
         e.pop("_row", None)
 
-    if integration == "encoder":
-        setting = ("encoder integration: queries are the source tokens of the sentence "
-                   "(encoder forward; the target is not needed); memory: the source sentences "
-                   "of the document")
-    else:
-        setting = ("decoder integration: teacher-forced with the reference translation (query "
-                   "k predicts target token k); target memory: the reference translations of "
-                   "the context sentences (gold target memory), with their sources")
+    setting = _SETTING_TEXT[integration]
     return {
         "checkpoint_setting": {**cfg, "document_context": _mode(task),
                                "heads": H},
