@@ -579,47 +579,50 @@ class Bench:
         base_train = statistics.median(base["train"])
         base_infer = statistics.median(base["infer"]) if base["infer"] else math.nan
         peak, peak_source = self.peak_tflops()
-        results = []
-        for e in entries:
-            train = statistics.median(e["train"])
-            infer = statistics.median(e["infer"]) if e["infer"] else math.nan
-            tokens = _tokens(e["sample"])
-            # achieved TFLOP/s: the counted FLOPs of a step (forward + backward, in the
-            # timed precision) over the median step time
-            train_eff = mfu(e["flops"], tokens / train, peak)
-            infer_eff = (mfu(e["infer_flops"], 1.0 / infer, peak)
-                         if "infer_flops" in e and not math.isnan(infer) else None)
-            results.append({
-                "arch": e["label"], "setting": e["setting"], "params": e["params"],
-                "train_tokens_per_s": train, "train_ratio": train / base_train,
-                # per target token: a whole-document batch may hold fewer tokens than the
-                # baseline's
-                "flops_ratio_bound": (base["flops"] / _tokens(base["sample"]))
-                / (e["flops"] / _tokens(e["sample"])),
-                "infer_sentences_per_s": None if math.isnan(infer) else infer,
-                "infer_ratio": None if math.isnan(infer) else infer / base_infer,
-                "infer_flops_ratio_bound": (base["infer_flops"] / e["infer_flops"]
-                                            if "infer_flops" in e else None),
-                "peak_mem_mb": e["peak_mem_mb"],
-                "train_tflops": train_eff["tflops"], "train_mfu": train_eff["mfu"],
-                "infer_tflops": infer_eff["tflops"] if infer_eff else None,
-                "infer_mfu": infer_eff["mfu"] if infer_eff else None,
-                "batch_sentences": int(e["sample"]["nsentences"]),
-                "batch_memory_sentences": memory_sentences(e["sample"]),
-                "batch_target_tokens": tokens,
-                "train_sentences_per_s": train / _tokens(e["sample"]) * e["sample"]["nsentences"],
-                "peak_mem_mb_per_sentence": e["peak_mem_mb"] / e["sample"]["nsentences"],
-                "train_flops": e["flops"],
-                # CPU only: one training step under the profiler (the memory measurement),
-                # its wall time and the CPU time of the ops whose FLOPs are counted
-                "train_profiled_step_s": e.get("profiled_step_s"),
-                "train_counted_ops_s": e.get("counted_ops_s"),
-                "train_tokens_per_s_repeats": e["train"],
-                "infer_sentences_per_s_repeats": e["infer"],
-            })
+        results = [self._result_row(e, base, base_train, base_infer, peak) for e in entries]
         return {"device": self.device_name(), "shape": self.shape(), "precision": self.precision(),
                 "peak_tflops": peak, "peak_tflops_source": peak_source,
                 "training_step": self.training_step_note(), "results": results}
+
+    @staticmethod
+    def _result_row(e: Dict, base: Dict, base_train: float, base_infer: float, peak) -> Dict:
+        """One architecture's row of the results, its ratios against ``base``."""
+        train = statistics.median(e["train"])
+        infer = statistics.median(e["infer"]) if e["infer"] else math.nan
+        tokens = _tokens(e["sample"])
+        # achieved TFLOP/s: the counted FLOPs of a step (forward + backward, in the
+        # timed precision) over the median step time
+        train_eff = mfu(e["flops"], tokens / train, peak)
+        infer_eff = (mfu(e["infer_flops"], 1.0 / infer, peak)
+                     if "infer_flops" in e and not math.isnan(infer) else None)
+        return {
+            "arch": e["label"], "setting": e["setting"], "params": e["params"],
+            "train_tokens_per_s": train, "train_ratio": train / base_train,
+            # per target token: a whole-document batch may hold fewer tokens than the
+            # baseline's
+            "flops_ratio_bound": (base["flops"] / _tokens(base["sample"]))
+            / (e["flops"] / _tokens(e["sample"])),
+            "infer_sentences_per_s": None if math.isnan(infer) else infer,
+            "infer_ratio": None if math.isnan(infer) else infer / base_infer,
+            "infer_flops_ratio_bound": (base["infer_flops"] / e["infer_flops"]
+                                        if "infer_flops" in e else None),
+            "peak_mem_mb": e["peak_mem_mb"],
+            "train_tflops": train_eff["tflops"], "train_mfu": train_eff["mfu"],
+            "infer_tflops": infer_eff["tflops"] if infer_eff else None,
+            "infer_mfu": infer_eff["mfu"] if infer_eff else None,
+            "batch_sentences": int(e["sample"]["nsentences"]),
+            "batch_memory_sentences": memory_sentences(e["sample"]),
+            "batch_target_tokens": tokens,
+            "train_sentences_per_s": train / _tokens(e["sample"]) * e["sample"]["nsentences"],
+            "peak_mem_mb_per_sentence": e["peak_mem_mb"] / e["sample"]["nsentences"],
+            "train_flops": e["flops"],
+            # CPU only: one training step under the profiler (the memory measurement),
+            # its wall time and the CPU time of the ops whose FLOPs are counted
+            "train_profiled_step_s": e.get("profiled_step_s"),
+            "train_counted_ops_s": e.get("counted_ops_s"),
+            "train_tokens_per_s_repeats": e["train"],
+            "infer_sentences_per_s_repeats": e["infer"],
+        }
 
     def training_step_note(self) -> str:
         """What the timed training step is, where it differs from fairseq-train's."""
