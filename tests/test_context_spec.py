@@ -197,7 +197,16 @@ def test_fairseq_validate_takes_the_window_of_an_old_checkpoint(capsys, one_thre
         override = options.parse_args_and_arch(options.get_validation_parser(), argv,
                                                suppress_defaults=True)
         capsys.readouterr()
-        fs_validate.main(args, override_args=override)
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        try:  # fairseq-validate resets the root logger onto this test's captured stdout
+            fs_validate.main(args, override_args=override)
+        finally:
+            for h in root.handlers[:]:
+                root.removeHandler(h)
+            for h in handlers:
+                root.addHandler(h)
+            root.setLevel(level)
         out = capsys.readouterr()
         import re
 
