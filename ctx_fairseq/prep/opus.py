@@ -385,6 +385,19 @@ def _run_break(last, first, max_gap: Optional[float], gap_from: str) -> Optional
     return None
 
 
+def _doc_and_group_keys(src_doc: str, used_keys: Dict[str, int], group_depth: int):
+    """``(document key, group key)`` of a source document (``used_keys``
+    counts the keys given so far: the same source document aligned twice gets
+    ``~N``)."""
+    key = _doc_key(src_doc)
+    n = used_keys.get(key, 0)
+    used_keys[key] = n + 1
+    if n:
+        key = f"{key}~{n}"  # the same source document aligned twice
+    parts = key.split("/")
+    return key, ("/".join(parts[:group_depth]) if group_depth and len(parts) > 1 else key)
+
+
 def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str, *,
               min_overlap: Optional[float] = None, max_gap: Optional[float] = None,
               gap_from: str = "start", one_to_one: bool = True,
@@ -442,13 +455,7 @@ def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str
                     max(s.segment for s in ssents.values()) == 0:
                 raise PrepDocsError(sname, None, f"no <{'>/<'.join(boundary_tags)}> element; "
                                                  "expected the markup that delimits documents")
-            key = _doc_key(src_doc)
-            n = used_keys.get(key, 0)
-            used_keys[key] = n + 1
-            if n:
-                key = f"{key}~{n}"  # the same source document aligned twice
-            parts = key.split("/")
-            gkey = "/".join(parts[:group_depth]) if group_depth and len(parts) > 1 else key
+            key, gkey = _doc_and_group_keys(src_doc, used_keys, group_depth)
             run: List[Tuple[str, str]] = []
             run_no = 0
             prev: Optional[Tuple[OpusSentence, OpusSentence]] = None  # (first, last) src sentence
