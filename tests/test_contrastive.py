@@ -173,6 +173,7 @@ def test_summarize_outcomes():
 
 
 def test_context_checks_without_a_model():
+    from ctx_fairseq.data.contract import ContextSpec
     from ctx_fairseq.eval.scoring.contrastive_suites import Suite
 
     scorer = C.ContrastiveScorer.__new__(C.ContrastiveScorer)
@@ -181,8 +182,8 @@ def test_context_checks_without_a_model():
                document_context="none")
     suite = Suite("voita", "v.json", "v", [], 3, True)
 
-    def check(**kw):
-        scorer.task = types.SimpleNamespace(cfg=types.SimpleNamespace(**{**cfg, **kw}))
+    def check(**kw):  # (the scorer reads the checkpoint's context specification)
+        scorer.spec = ContextSpec(**{**cfg, **kw})
         scorer.check_context(suite)
 
     check()
@@ -203,8 +204,7 @@ def test_context_checks_without_a_model():
         suite.target_context = False
         check(target_context_size=1)
     toy = Suite("toy", "t.jsonl", "t", [], None, True)
-    scorer.task = types.SimpleNamespace(cfg=types.SimpleNamespace(**{**cfg,
-                                                                     "target_context_size": 1}))
+    scorer.spec = ContextSpec(**{**cfg, "target_context_size": 1})
     with pytest.raises(C.ContextUnavailable, match="--gold-target-context"):
         scorer.check_context(toy)
     scorer.gold_target_context = True
