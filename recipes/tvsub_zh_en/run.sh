@@ -223,7 +223,7 @@ GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 tvsub_model_spec() {
     M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
     M_INIT="init-from"; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
-    M_TRAIN=(); M_K=0; M_WINDOW=0
+    M_TRAIN=(); M_K=0
     case "$1" in
         transformer)  # the stage-1 transformer trained on for the same budget
             M_ARCH=transformer; M_TASK=(--task translation); M_INIT=finetune; M_CXMI=0
@@ -262,7 +262,7 @@ tvsub_model_spec() {
             # training (--sampled-context-size, below); translation, validation and
             # CXMI read window K (--memory-window: it goes with the task's options)
             if [ -n "$SAMPLE_CONTEXT" ] && [ -n "$MEMORY_WINDOW" ]; then
-                M_K=$MEMORY_WINDOW; M_WINDOW=1
+                M_K=$MEMORY_WINDOW
                 M_TASK+=(--memory-window "$MEMORY_WINDOW")
             fi ;;
         dc)  # Xu et al.: sentence-level (local context) from the stage-1 weights
