@@ -138,15 +138,54 @@ def test_prepare_documents_and_references(tmp_path):
     assert not (tmp_path / "docs.part").exists()
 
 
-def test_no_test_set_evaluates_on_dev(tmp_path):
+def test_no_test_set_splits_dev_into_its_episodes(tmp_path):
+    """Without a test set, dev's first episode chooses the checkpoint (valid)
+    and the others are reported (test): no sentence in both (issue 38)."""
     root = write_tvsub(str(tmp_path / "tvsub"), test_refs=0)
     s = _prep(root, tmp_path / "docs", first=2, count=3)
-    assert s["eval_split"] == "dev" and s["test"]["from"] == "dev"
-    assert (tmp_path / "docs" / "test.zh").read_text() == (tmp_path / "docs" / "valid.zh").read_text()
-    assert (tmp_path / "docs" / "train.docids").read_text().split()[0] == "ep-2"
+    d = tmp_path / "docs"
+    assert s["eval_split"] == "dev-episodes" and s["test"]["from"] == "dev"
+    assert not s["reported_on_chosen_set"]
+    assert (d / "valid.docids").read_text().split() == ["dev-SUB01"] * 9
+    assert (d / "test.docids").read_text().split() == ["dev-SUB02"] * 12
+    dev_src = (tmp_path / "tvsub" / "data" / "processed" / "dev" / "dev_src").read_text().splitlines()
+    assert (d / "valid.zh").read_text().splitlines() == dev_src[:9]
+    assert (d / "test.zh").read_text().splitlines() == dev_src[9:]
+    assert (d / "test.ref0.en").read_text() == (d / "test.en").read_text()
+    assert s["valid"]["sentences"] == 9 and s["test"]["sentences"] == 12
+    assert (d / "train.docids").read_text().split()[0] == "ep-2"
     assert s["train"]["documents"] == 3
+    # dev as both (asked for): said so
+    s = _prep(root, tmp_path / "docs3", eval_split="dev")
+    assert s["eval_split"] == "dev" and s["reported_on_chosen_set"]
+    assert (tmp_path / "docs3" / "test.zh").read_text() == (tmp_path / "docs3" / "valid.zh").read_text()
+    assert "not a held-out figure" in pt.eval_split_note(s)
     with pytest.raises(pt.TvsubError, match="no test set"):
         _prep(root, tmp_path / "docs2", eval_split="test")
+    assert not (tmp_path / "docs2").exists()
+
+
+def test_dev_of_one_episode_cannot_be_split(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), test_refs=0, dev=(9,))
+    with pytest.raises(pt.TvsubError, match="dev has 1 document"):
+        _prep(root, tmp_path / "docs")
+    assert not (tmp_path / "docs").exists()
+    assert _prep(root, tmp_path / "docs", eval_split="dev")["eval_split"] == "dev"
+
+
+def test_dp_source_is_copied_per_split(tmp_path):
+    root = write_tvsub(str(tmp_path / "tvsub"), test_refs=0)
+    dev = tmp_path / "tvsub" / "data" / "processed" / "dev"
+    src = (dev / "dev_src").read_text().splitlines()
+    dp = [f"我 {z}" for z in src]
+    (dev / "dev_oracle_dp_src").write_text("".join(x + "\n" for x in dp))
+    s = _prep(root, tmp_path / "docs")
+    assert (tmp_path / "docs" / "valid.dp.zh").read_text().splitlines() == dp[:9]
+    assert (tmp_path / "docs" / "test.dp.zh").read_text().splitlines() == dp[9:]
+    assert s["test"]["dp_source"].endswith("dev_oracle_dp_src")
+    (dev / "dev_oracle_dp_src").write_text("".join(x + "\n" for x in dp[:-1]))
+    with pytest.raises(pt.TvsubError, match=r"dev_oracle_dp_src has 20 lines but its source has 21"):
+        _prep(root, tmp_path / "docs2")
     assert not (tmp_path / "docs2").exists()
 
 
@@ -156,7 +195,8 @@ def test_cli_prints_the_split(tmp_path):
                         " main(sys.argv[1:])", "prep", "--raw", root, "--out",
                         str(tmp_path / "docs")], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
-    assert "evaluating on the dev set (the input has no test set" in r.stdout
+    assert ("evaluating on the dev set's dev-SUB02 (the input has no test set); checkpoints "
+            "chosen on dev-SUB01") in r.stdout
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -367,7 +407,8 @@ def test_download_clones_the_repository_and_fails_cleanly(tmp_path):
     r = run(["--workdir", str(work)], env={"TVSUB_URL": root, "UNTIL": "data", "EPISODES": "0:3",
                                            "BPE_MERGES": "50"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "evaluating on the test set: 18 sentences, 3 reference(s)" in r.stderr
+    assert ("evaluating on the test set (test-SUB01, test-SUB02); checkpoints chosen on the dev "
+            "set: 18 sentences, 3 reference(s)") in r.stderr
     assert len((work / "raw" / ".tvsub-revision").read_text().strip()) == 40
     assert (work / "data-bin" / "test.docids").read_text().split()[0] == "test-SUB01"
     dict_lines = (work / "data-bin" / "dict.zh.txt").read_text().splitlines()
@@ -390,7 +431,8 @@ def test_smoke_end_to_end(tmp_path):
            "DOC_TOKENS": "2500"}
     r = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r.returncode == 0, r.stderr[-5000:]
-    assert "evaluating on the test set: 18 sentences, 3 reference(s)" in r.stderr
+    assert ("evaluating on the test set (test-SUB01, test-SUB02); checkpoints chosen on the dev "
+            "set: 18 sentences, 3 reference(s)") in r.stderr
     res = json.loads((work / "smoke" / "results" / "results.json").read_text())
     assert res["eval_split"] == "test" and res["test"]["references"] == 3
     models = ["sentence", "transformer", "concat", "context_aware", "zhang2018", "han",

@@ -38,11 +38,15 @@ references (or references without their source).
 Output (:func:`prepare`): ``OUT/{train,valid,test}.{zh,en,docids}`` (the
 ``document_translation`` task's input: ``en`` is the first reference on
 valid/test), ``OUT/{valid,test}.ref{K}.en`` (every reference K = 0, 1, ...,
-line-aligned) and ``OUT/prep.json`` (what was read: episodes, lines,
+line-aligned), ``OUT/{valid,test}.dp.zh`` (the corpus's +DP source, the
+dropped pronouns restored, ``{split}_oracle_dp_src``, line-aligned, where the
+input has it) and ``OUT/prep.json`` (what was read: episodes, lines,
 references and sysids, which split the test files come from). ``test`` is
-the corpus's test set when the input has one, else a copy of dev (said in
-``prep.json`` and printed: ``eval_split``). Everything is written into
-``OUT.part`` and renamed to ``OUT`` when complete.
+the corpus's test set when the input has one, else dev's episodes after the
+first, the first being valid (:func:`prepare`: the checkpoint is never
+chosen on the sentences it is reported on; said in ``prep.json`` and
+printed: ``eval_split``). Everything is written into ``OUT.part`` and
+renamed to ``OUT`` when complete.
 
 Scoring (:func:`score`): BLEU as published on TVsub, i.e. multi-reference
 BLEU of the tokenized, lowercased hypotheses (fairseq-generate's ``H-``
@@ -71,7 +75,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from ctx_fairseq.errors import InputError
 
 __all__ = ["TvsubError", "Refset", "read_lines", "list_episodes", "read_episodes",
-           "parse_refset", "read_eval_split", "check_units", "prepare", "score", "main"]
+           "parse_refset", "read_eval_split", "check_units", "prepare", "eval_split_note", "score",
+           "main", "EVAL_SPLITS"]
 
 TRAIN_DIR = os.path.join("data", "orignal", "train", "separated")
 PROCESSED_DIR = os.path.join("data", "processed")
@@ -344,24 +349,83 @@ def _write(path: str, lines) -> None:
             f.write(line + "\n")
 
 
+EVAL_SPLITS = ("auto", "test", "dev-episodes", "dev")
+
+
+def _dp_lines(root: str, split: str, n: int) -> Tuple[Optional[str], Optional[List[str]]]:
+    """The corpus's +DP source of ``split`` (``{split}_oracle_dp_src``: the
+    source with its dropped pronouns restored), line-aligned with the plain
+    source, or (None, None) when the input has none. Its lines are copied as
+    they are; ``ctx-dp-eval`` aligns them with the plain ones."""
+    path = os.path.join(root, PROCESSED_DIR, split, f"{split}_oracle_dp_src")
+    if not os.path.isfile(path):
+        return None, None
+    lines = read_lines(path)
+    if len(lines) != n:
+        raise TvsubError(f"{path} has {len(lines)} lines but its source has {n}; expected one "
+                         "+DP line per source line")
+    return path, lines
+
+
+def _slice_docs(docs, refset, dp, keep):
+    """The documents of ``docs`` whose index is in ``keep``, with their
+    references and +DP lines: (docs, Refset, dp lines or None)."""
+    starts = [0]
+    for k in refset.lengths:
+        starts.append(starts[-1] + k)
+    rows = [i for j in keep for i in range(starts[j], starts[j + 1])]
+    sub = Refset(sysids=refset.sysids, docs=[refset.docs[j] for j in keep],
+                 lengths=[refset.lengths[j] for j in keep],
+                 refs=[[r[i] for i in rows] for r in refset.refs])
+    return [docs[j] for j in keep], sub, (None if dp is None else [dp[i] for i in rows])
+
+
 def prepare(root: str, out: str, first: int = 0, count: Optional[int] = None,
             dev_src: Optional[str] = None, test_src: Optional[str] = None,
             eval_split: str = "auto") -> dict:
     """Read, check and write the splits (see the module docstring); returns the
-    summary written to ``OUT/prep.json``. ``eval_split``: ``auto`` (test when
-    the input has it, else dev), ``test`` (an error without it) or ``dev``."""
-    if eval_split not in ("auto", "test", "dev"):
-        raise ValueError(f"eval_split {eval_split}: expected auto, test or dev")
+    summary written to ``OUT/prep.json``. ``eval_split`` (what the test split
+    is; the checkpoint is chosen on valid, so the two never share a sentence
+    except with ``dev``):
+
+    * ``test``: the corpus's test set (an error without it), valid the whole dev set;
+    * ``dev-episodes``: dev's first document (episode) as valid, its other
+      documents as test (an error with fewer than two);
+    * ``auto`` (default): ``test`` when the input has the test set, else
+      ``dev-episodes``;
+    * ``dev``: dev as both valid and test (the figures are then those of the
+      set the checkpoint was chosen on: said in ``prep.json`` and printed).
+    """
+    if eval_split not in EVAL_SPLITS:
+        raise ValueError(f"eval_split {eval_split}: expected one of {', '.join(EVAL_SPLITS)}")
     train = read_episodes(root, first, count)
     dev = read_eval_split(root, "dev", dev_src)
     if dev is None:
         raise TvsubError(f"{os.path.join(root, PROCESSED_DIR, 'dev')}: no dev_src and "
                          "dev_trg.sgm; expected the dev set (validation)")
-    test = read_eval_split(root, "test", test_src) if eval_split != "dev" else None
+    test = (read_eval_split(root, "test", test_src)
+            if eval_split in ("auto", "test") else None)
     if eval_split == "test" and test is None:
         raise TvsubError(f"{os.path.join(root, PROCESSED_DIR, 'test')}: no test set "
                          "(test_src, test_trg.sgm), but the test split was asked for")
-    chosen = "test" if test is not None else "dev"
+    chosen = "test" if test is not None else ("dev" if eval_split == "dev" else "dev-episodes")
+    dev_dp_path, dev_dp = _dp_lines(root, "dev", len(dev[1].refs[0]))
+    parts = {}  # name: (docs, refset, source, refset path, +DP path, +DP lines, from)
+    if chosen == "dev-episodes":
+        if len(dev[0]) < 2:
+            raise TvsubError(f"{dev[3]}: dev has {len(dev[0])} document(s); splitting it into "
+                             "its episodes (one to choose the checkpoint, the others to report) "
+                             "needs two or more (EVAL_SPLIT=dev reports on the dev set itself)")
+        for name, keep in (("valid", [0]), ("test", list(range(1, len(dev[0]))))):
+            d, r, dp = _slice_docs(dev[0], dev[1], dev_dp, keep)
+            parts[name] = (d, r, dev[2], dev[3], dev_dp_path, dp, "dev")
+    else:
+        parts["valid"] = (dev[0], dev[1], dev[2], dev[3], dev_dp_path, dev_dp, "dev")
+        if test is not None:
+            test_dp_path, test_dp = _dp_lines(root, "test", len(test[1].refs[0]))
+            parts["test"] = (test[0], test[1], test[2], test[3], test_dp_path, test_dp, "test")
+        else:
+            parts["test"] = parts["valid"]
     summary = {
         "root": os.path.abspath(root),
         "train": {"episodes": [int(d[3:]) for d, _ in train][:1] + [int(train[-1][0][3:])],
@@ -369,13 +433,14 @@ def prepare(root: str, out: str, first: int = 0, count: Optional[int] = None,
                   "empty_lines": {"zh": sum(1 for _, p in train for s, _ in p if not s.strip()),
                                   "en": sum(1 for _, p in train for _, t in p if not t.strip())}},
         "eval_split": chosen,
+        "checkpoint_chosen_on": "valid (" + ", ".join(d for d, _ in parts["valid"][0]) + ")",
+        "reported_on_chosen_set": chosen == "dev",
     }
-    splits = {"train": (train, None), "valid": (dev[0], dev[1])}
-    splits["test"] = (test[0], test[1]) if test is not None else (dev[0], dev[1])
-    for name, part in (("valid", dev), ("test", test if test is not None else dev)):
-        docs, refset, src, sgm = part
+    splits = {"train": (train, None, None)}
+    for name, (docs, refset, src, sgm, dp_path, dp, origin) in parts.items():
+        splits[name] = (docs, refset, dp)
         summary[name] = {
-            "from": "test" if part is test else "dev", "source": src, "refset": sgm,
+            "from": origin, "source": src, "refset": sgm, "dp_source": dp_path,
             "documents": [d for d, _ in docs], "lengths": refset.lengths,
             "sentences": len(refset.refs[0]), "references": len(refset.sysids),
             "sysids": refset.sysids,
@@ -385,7 +450,7 @@ def prepare(root: str, out: str, first: int = 0, count: Optional[int] = None,
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        for name, (docs, refset) in splits.items():
+        for name, (docs, refset, dp) in splits.items():
             rows = [(s, t, docid) for docid, pairs in docs for s, t in pairs]
             _write(os.path.join(tmp, f"{name}.{SRC}"), (r[0] for r in rows))
             _write(os.path.join(tmp, f"{name}.{TGT}"), (r[1] for r in rows))
@@ -393,6 +458,8 @@ def prepare(root: str, out: str, first: int = 0, count: Optional[int] = None,
             if refset is not None:
                 for k, ref in enumerate(refset.refs):
                     _write(os.path.join(tmp, f"{name}.ref{k}.{TGT}"), ref)
+            if dp is not None:
+                _write(os.path.join(tmp, f"{name}.dp.{SRC}"), dp)
         with open(os.path.join(tmp, "prep.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1, ensure_ascii=False)
             f.write("\n")
@@ -402,6 +469,20 @@ def prepare(root: str, out: str, first: int = 0, count: Optional[int] = None,
     shutil.rmtree(out, ignore_errors=True)
     os.rename(tmp, out)
     return summary
+
+
+def eval_split_note(summary: dict) -> str:
+    """One line saying what the figures are reported on and what the
+    checkpoint was chosen on (printed by prep and by the recipe)."""
+    t = summary["test"]
+    docs = ", ".join(t["documents"])
+    if summary["eval_split"] == "test":
+        return f"evaluating on the test set ({docs}); checkpoints chosen on the dev set"
+    if summary["eval_split"] == "dev-episodes":
+        return (f"evaluating on the dev set's {docs} (the input has no test set); checkpoints "
+                f"chosen on {', '.join(summary['valid']['documents'])}")
+    return ("evaluating on the dev set (the input has no test set: the test split is a copy of "
+            "dev, the set the checkpoints are chosen on: not a held-out figure)")
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -514,8 +595,10 @@ def get_parser() -> argparse.ArgumentParser:
                    help="training episodes FIRST..END-1 (default 0: all)")
     a.add_argument("--dev-src", default=None, help="dev source file name (default dev_src)")
     a.add_argument("--test-src", default=None, help="test source file name (default test_src)")
-    a.add_argument("--eval-split", choices=("auto", "test", "dev"), default="auto",
-                   help="the split written as test: auto (test if present, else dev)")
+    a.add_argument("--eval-split", choices=EVAL_SPLITS, default="auto",
+                   help="the split written as test: auto (the test set if present, else "
+                   "dev-episodes: dev's first episode as valid, the others as test), test, "
+                   "dev-episodes, or dev (valid and test both the dev set)")
     s = sub.add_parser("score", help="multi-reference BLEU of a fairseq-generate output")
     s.add_argument("generate_output")
     s.add_argument("--refs", required=True, help="references prefix: PREFIX0.en, PREFIX1.en, ...")
@@ -533,13 +616,12 @@ def main(argv=None) -> None:
             s = prepare(args.raw, args.out, first, count, args.dev_src, args.test_src,
                         args.eval_split)
             print(f"prep_tvsub: train {s['train']['documents']} episodes "
-                  f"({s['train']['sentences']} sentences); valid = dev "
+                  f"({s['train']['sentences']} sentences); valid = {s['valid']['from']} "
+                  f"{', '.join(s['valid']['documents'])} "
                   f"{s['valid']['sentences']} sentences, {s['valid']['references']} reference(s); "
                   f"test = {s['eval_split']} {s['test']['sentences']} sentences, "
                   f"{s['test']['references']} reference(s) -> {args.out}")
-            print(f"prep_tvsub: evaluating on the {s['eval_split']} set"
-                  + ("" if s["eval_split"] == "test" else
-                     " (the input has no test set: the test split is a copy of dev)"))
+            print(f"prep_tvsub: {eval_split_note(s)}")
         else:
             res = score(args.generate_output, args.refs, args.docids)
             os.makedirs(args.out_dir, exist_ok=True)

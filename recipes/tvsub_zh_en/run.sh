@@ -15,8 +15,9 @@ TVsub zh-en documents (one TV episode = one document): download (git clone)
 or --raw, ctx_fairseq.prep.tvsub (episodes as documents, dev/test from
 the SGML refsets, every reference kept, checked), joint subword-nmt BPE,
 fairseq-preprocess with docids, stage 1 sentence-level transformer, stage 2
-every model of MODELS from it at one budget, translation of the test set (dev
-when the input has no test set: printed), BLEU with every reference
+every model of MODELS from it at one budget, translation of the test set (when
+the input has none: dev's second episode, the checkpoints chosen on its first;
+printed), BLEU with every reference
 (sacreBLEU --tokenize none, as published), BLEU with the first reference,
 document-level BLEU, paired bootstrap p-values against the transformer
 (sacreBLEU), CXMI against the empty context (Fernandes et al. 2021) with a
@@ -37,7 +38,7 @@ document-bootstrap interval, results.md/results.json.
 Environment (defaults in README.md): MODELS, EPISODES (FIRST:END), BPE_MERGES,
 MAX_TOKENS, SENT_UPDATES, DOC_UPDATES, DOC_TOKENS (stage-2 target-token budget:
 updates per model from it), BEAM, SEED, TVSUB_URL, TVSUB_REF (a git revision),
-DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev), CONTEXT_DROPOUT, COWORD_DROPOUT,
+DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev-episodes|dev), CONTEXT_DROPOUT, COWORD_DROPOUT,
 SAMPLE_CONTEXT (1: --sampled-context-size K), MEMORY_WINDOW (selective, with
 SAMPLE_CONTEXT: windows 0..K on its memory), HELDOUT (FIRST:END held-out
 episodes), HELDOUT_SENTS, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON.
@@ -552,11 +553,11 @@ if [ -z "$RAW" ]; then step download download "$TVSUB_URL" "$TVSUB_REF"; fi
 step prep prep
 "$PY" - "$WORK/docs/prep.json" <<'PYEOF'
 import json, sys
+from ctx_fairseq.prep.tvsub import eval_split_note
 s = json.load(open(sys.argv[1], encoding="utf-8"))
 t = s["test"]
-note = "" if s["eval_split"] == "test" else " (the input has no test set)"
-print(f"[tvsub_zh_en] evaluating on the {s['eval_split']} set: {t['sentences']} sentences, "
-      f"{t['references']} reference(s){note}", file=sys.stderr)
+print(f"[tvsub_zh_en] {eval_split_note(s)}: {t['sentences']} sentences, "
+      f"{t['references']} reference(s)", file=sys.stderr)
 PYEOF
 # joint subword-nmt BPE over the published units (no re-tokenization)
 step bpe ctx_bpe_joint "$BPE_MERGES" "$L1" "$L2" "$WORK/docs" "$WORK/bpe"
