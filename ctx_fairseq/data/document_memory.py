@@ -208,8 +208,6 @@ class DocumentMemoryMixin:
           (the same with ``</s>`` moved to the front, fairseq's teacher-forcing
           input).
         """
-        from ctx_fairseq.digest import sentence_digest
-
         ids = np.asarray(ids, dtype=np.int64)
         docs, mem, owner = self._memory_sentences(ids)
         local = {d: k for k, d in enumerate(docs)}
@@ -225,9 +223,26 @@ class DocumentMemoryMixin:
             "mem_pos": torch.from_numpy(self.sent_pos[mem].copy()),
             "query_mem_row": torch.from_numpy(qrow),
         }
+        valid = self._memory_doc_index(out, query_doc, len(ids), len(docs))
+        out["mem_state_index"] = torch.from_numpy(state)
+        out["mem_extra_rows"] = torch.from_numpy(extra)
+        sides = [("src", self.src_dict, self.left_pad_source)]
+        if self.tgt_context_size > 0:
+            sides.append(("tgt", self.tgt_dict, self.left_pad_target))
+        for side, d, left in sides:
+            self._collate_memory_side(out, mem, side, d, left, valid)
+        return out
+
+    def _memory_doc_index(self, out: Dict[str, torch.Tensor], query_doc: np.ndarray,
+                          n_queries: int, n_docs: int) -> np.ndarray:
+        """Adds to ``out`` (which holds ``mem_doc``) the per-document index
+        tensors of :meth:`collate_memory`: ``mem_doc_rows`` /
+        ``mem_doc_valid`` and ``query_doc_groups`` / ``query_doc_sizes``
+        (``n_queries`` the batch's rows); returns the validity mask (numpy),
+        which :func:`memory_by_length` reads too."""
         mem_doc = out["mem_doc"].numpy()
-        counts = np.bincount(mem_doc, minlength=len(docs)) if len(mem) else \
-            np.zeros(len(docs), dtype=np.int64)
+        counts = np.bincount(mem_doc, minlength=n_docs) if len(mem_doc) else \
+            np.zeros(n_docs, dtype=np.int64)
         starts = np.cumsum(counts) - counts
         s_max = max(1, int(counts.max()) if len(counts) else 1)
         slot = np.arange(s_max)[None, :]
@@ -236,39 +251,44 @@ class DocumentMemoryMixin:
         out["mem_doc_valid"] = torch.from_numpy(valid)
         # the query sentences of each document (D x Bq_max, rows in batch order,
         # padded with B): the selective word level's per-document layout
-        groups = query_groups(query_doc, len(docs))
+        groups = query_groups(query_doc, n_docs)
         out["query_doc_groups"] = torch.from_numpy(groups)
-        out["query_doc_sizes"] = (groups < len(ids)).sum(1)  # numpy: it stays on the host
-        out["mem_state_index"] = torch.from_numpy(state)
-        out["mem_extra_rows"] = torch.from_numpy(extra)
-        sides = [("src", self.src_dict, self.left_pad_source)]
-        if self.tgt_context_size > 0:
-            sides.append(("tgt", self.tgt_dict, self.left_pad_target))
-        for side, d, left in sides:
-            seqs = {int(j): self._memory_tokens(side, j) for j in mem.tolist()}
-            if len(mem):
-                toks = data_utils.collate_tokens([seqs[int(j)].long() for j in mem], d.pad(),
-                                                 d.eos(), left_pad=left,
-                                                 pad_to_multiple=self.pad_to_multiple)
-            else:
-                toks = torch.full((0, 1), d.pad(), dtype=torch.long)
-            out[f"mem_{side}_tokens"] = toks
-            out[f"mem_{side}_lengths"] = torch.tensor([len(seqs[int(j)]) for j in mem],
-                                                      dtype=torch.long)
-            if side == "src":
-                out.update(memory_by_length(out["mem_doc_rows"].numpy(), valid,
-                                            out["mem_src_lengths"].numpy(), toks.size(1), left))
-            keys = np.zeros((len(mem), 3), dtype=np.int64)
-            for r, j in enumerate(mem.tolist()):
-                keys[r, :2] = sentence_digest(np.asarray(seqs[j]))
-                keys[r, 2] = len(seqs[j])
-            out[f"mem_{side}_key"] = keys
-            if side == "tgt":  # teacher-forcing input, as fairseq's prev_output_tokens
-                out["mem_tgt_prev_tokens"] = (data_utils.collate_tokens(
-                    [seqs[int(j)].long() for j in mem], d.pad(), d.eos(), left_pad=left,
-                    move_eos_to_beginning=True, pad_to_multiple=self.pad_to_multiple)
-                    if len(mem) else toks.clone())
-        return out
+        out["query_doc_sizes"] = (groups < n_queries).sum(1)  # numpy: it stays on the host
+        return valid
+
+    def _collate_memory_side(self, out: Dict[str, torch.Tensor], mem: np.ndarray, side: str,
+                             d, left: bool, valid: np.ndarray) -> None:
+        """Adds to ``out`` the tokens of the memory sentences ``mem`` on
+        ``side`` (``src`` or ``tgt``, dictionary ``d``, left-padded when
+        ``left``) as :meth:`collate_memory` describes them: ``mem_{side}_tokens``,
+        ``_lengths`` and ``_key``; on the source side the length-sorted layout
+        (:func:`memory_by_length`, which reads ``mem_doc_rows`` and ``valid``),
+        on the target side ``mem_tgt_prev_tokens``."""
+        from ctx_fairseq.digest import sentence_digest
+
+        seqs = {int(j): self._memory_tokens(side, j) for j in mem.tolist()}
+        if len(mem):
+            toks = data_utils.collate_tokens([seqs[int(j)].long() for j in mem], d.pad(),
+                                             d.eos(), left_pad=left,
+                                             pad_to_multiple=self.pad_to_multiple)
+        else:
+            toks = torch.full((0, 1), d.pad(), dtype=torch.long)
+        out[f"mem_{side}_tokens"] = toks
+        out[f"mem_{side}_lengths"] = torch.tensor([len(seqs[int(j)]) for j in mem],
+                                                  dtype=torch.long)
+        if side == "src":
+            out.update(memory_by_length(out["mem_doc_rows"].numpy(), valid,
+                                        out["mem_src_lengths"].numpy(), toks.size(1), left))
+        keys = np.zeros((len(mem), 3), dtype=np.int64)
+        for r, j in enumerate(mem.tolist()):
+            keys[r, :2] = sentence_digest(np.asarray(seqs[j]))
+            keys[r, 2] = len(seqs[j])
+        out[f"mem_{side}_key"] = keys
+        if side == "tgt":  # teacher-forcing input, as fairseq's prev_output_tokens
+            out["mem_tgt_prev_tokens"] = (data_utils.collate_tokens(
+                [seqs[int(j)].long() for j in mem], d.pad(), d.eos(), left_pad=left,
+                move_eos_to_beginning=True, pad_to_multiple=self.pad_to_multiple)
+                if len(mem) else toks.clone())
 
     def memory_cost(self, ids: np.ndarray) -> int:
         """Padded tokens a batch of sentences ``ids`` gives the model with its
