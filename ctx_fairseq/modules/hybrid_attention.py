@@ -359,6 +359,53 @@ class HybridMultiheadAttention(MultiheadAttention):
         bias = -2.0 * dist.pow(2) / width.pow(2).unsqueeze(2)
         return bias.unsqueeze(1)
 
+    def _two_plane_attention(
+        self,
+        query: Tensor,
+        energy: Tensor,
+        v: Tensor,
+        pad: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Modes ``gate`` and ``concat`` of :meth:`forward`: ``(attn, weights,
+        local_extra)`` from the scaled energies ``energy`` (``B x H x T x S``)
+        and values ``v`` (``B x H x S x Dh``); ``pad`` the padded keys when
+        :meth:`forward` folded them into this mask. ``attn`` is ``B x H x T x
+        Dh``; ``local_extra`` the band-limited plane's output (``T x B x E``)
+        for ``concat``'s second projection, ``None`` for ``gate``."""
+        bsz, _, tgt_len, src_len = energy.shape
+        very_negative = torch.finfo(energy.dtype).min
+        # Eq. (2) and (3) from one masked_fill and one softmax: plane 0 is the
+        # global energy, plane 1 the band-limited one. Masked entries get the
+        # most negative finite value (exactly zero probability; see docstring).
+        mask = self.band_masks.stacked(tgt_len, src_len, query.device)  # 2 x T x S
+        if pad is not None:
+            mask = mask.unsqueeze(1) | pad.unsqueeze(0)  # 2 x B x T x S
+        else:
+            mask = mask.unsqueeze(1)  # 2 x 1 x T x S
+        logits = energy.unsqueeze(0).masked_fill(mask.unsqueeze(2), very_negative)
+        probs = self._softmax(logits)  # 2 x B x H x T x S
+        if self.mode == "gate":
+            g = self.gate(query)  # T x B x G
+            if self.record_gates:
+                self.last_gate = g.detach()
+                # self-attention: the key padding mask is the queries' own
+                # (B x T) in a full pass and in an incremental step (fairseq
+                # passes the step's token); None: no query is padding
+                self.last_gate_padding_mask = (
+                    key_padding_mask.to(torch.bool)
+                    if key_padding_mask is not None
+                    and key_padding_mask.shape == (bsz, tgt_len) else None)
+            g = g.permute(1, 2, 0).unsqueeze(-1).to(probs.dtype)  # B x G x T x 1
+            weights = torch.lerp(probs[0], probs[1], g)  # Eq. (4)
+            attn_probs = self.dropout_module(weights)
+            return torch.matmul(attn_probs, v), weights, None  # B x H x T x Dh
+        weights = probs.mean(0)
+        attn_probs = self.dropout_module(probs)
+        attn2 = torch.matmul(attn_probs, v.unsqueeze(0))  # 2 x B x H x T x Dh
+        local_extra = attn2[1].permute(2, 0, 1, 3).reshape(tgt_len, bsz, query.size(2))
+        return attn2[0], weights, local_extra
+
     # --------------------------------------------------------------- forward
     def forward(
         self,
@@ -409,38 +456,8 @@ class HybridMultiheadAttention(MultiheadAttention):
 
         local_extra: Optional[Tensor] = None
         if self.mode in ("gate", "concat"):
-            # Eq. (2) and (3) from one masked_fill and one softmax: plane 0 is the
-            # global energy, plane 1 the band-limited one. Masked entries get the
-            # most negative finite value (exactly zero probability; see docstring).
-            mask = self.band_masks.stacked(tgt_len, src_len, query.device)  # 2 x T x S
-            if pad is not None:
-                mask = mask.unsqueeze(1) | pad.unsqueeze(0)  # 2 x B x T x S
-            else:
-                mask = mask.unsqueeze(1)  # 2 x 1 x T x S
-            logits = energy.unsqueeze(0).masked_fill(mask.unsqueeze(2), very_negative)
-            probs = self._softmax(logits)  # 2 x B x H x T x S
-            if self.mode == "gate":
-                g = self.gate(query)  # T x B x G
-                if self.record_gates:
-                    self.last_gate = g.detach()
-                    # self-attention: the key padding mask is the queries' own
-                    # (B x T) in a full pass and in an incremental step (fairseq
-                    # passes the step's token); None: no query is padding
-                    self.last_gate_padding_mask = (
-                        key_padding_mask.to(torch.bool)
-                        if key_padding_mask is not None
-                        and key_padding_mask.shape == (bsz, tgt_len) else None)
-                g = g.permute(1, 2, 0).unsqueeze(-1).to(probs.dtype)  # B x G x T x 1
-                weights = torch.lerp(probs[0], probs[1], g)  # Eq. (4)
-                attn_probs = self.dropout_module(weights)
-                attn = torch.matmul(attn_probs, v)  # B x H x T x Dh
-            else:
-                weights = probs.mean(0)
-                attn_probs = self.dropout_module(probs)
-                attn2 = torch.matmul(attn_probs, v.unsqueeze(0))  # 2 x B x H x T x Dh
-                attn, local_attn = attn2[0], attn2[1]
-                local_extra = local_attn.permute(2, 0, 1, 3).reshape(
-                    tgt_len, bsz, embed_dim)
+            attn, weights, local_extra = self._two_plane_attention(
+                query, energy, v, pad, key_padding_mask)
         else:
             if self.mode == "local":
                 mask = self.band_masks.outside(tgt_len, src_len, query.device)  # T x S
