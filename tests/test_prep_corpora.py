@@ -10,6 +10,7 @@ import zipfile
 import pytest
 
 from ctx_fairseq.prep import corpora as pc
+from ctx_fairseq.prep.opus import OpusOptions
 from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 
 
@@ -210,7 +211,8 @@ def opus_fixture(tmp_path, gz=True):
 
 def test_opus_voita_filtering(tmp_path):
     ali = opus_fixture(tmp_path)
-    c = pc.load_opus(ali, [str(tmp_path / "docs")], "en", "ru", min_overlap=0.9, max_gap=7)
+    c = pc.load_opus(ali, [str(tmp_path / "docs")], "en", "ru",
+                     OpusOptions(min_overlap=0.9, max_gap=7))
     assert c.docs == [
         ("1999/123/42.r0000", [("Where is it ?", "Где он ?"), ("It 's here .", "Он здесь .")]),
         ("1999/123/42.r0001", [("Much later .", "Гораздо позже ."), ("Next one .", "Следующий .")]),
@@ -226,8 +228,8 @@ def test_opus_voita_filtering(tmp_path):
 
 def test_opus_gap_from_end_and_all_links(tmp_path):
     ali = opus_fixture(tmp_path, gz=False)
-    c = pc.load_opus(ali, [str(tmp_path / "docs")], "en", "ru", min_overlap=0.9, max_gap=1,
-                     gap_from="end", one_to_one=False)
+    c = pc.load_opus(ali, [str(tmp_path / "docs")], "en", "ru",
+                     OpusOptions(min_overlap=0.9, max_gap=1, gap_from="end", one_to_one=False))
     # 2 ends at 4.0, 3 starts at 20: new run; 5 dropped (overlap); 6+7 kept as one pair (7 has
     # no start of its own: it inherits 6's frame), 8 starts 1 s after 7's end: same run
     assert [len(p) for _, p in c.docs] == [2, 2, 3]
@@ -253,13 +255,13 @@ def test_opus_swapped_sides_and_zip(tmp_path):
         "de/ep-00-01-17.xml.gz", "en/ep-00-01-17.xml.gz",
         [("1;1", None), ("2;2", None), ("3;3", None), ("4;4", None)])]))
     c = pc.load_opus(ali, [str(tmp_path / "en.zip"), str(tmp_path / "de.zip")], "en", "de",
-                     boundary_tags=["SPEAKER", "CHAPTER"], require_boundaries=True)
+                     OpusOptions(boundary_tags=["SPEAKER", "CHAPTER"], require_boundaries=True))
     assert c.docs == [("ep-00-01-17.r0000", [("Title", "Titel")]),
                       ("ep-00-01-17.r0001", [("A one.", "A eins."), ("A two.", "A zwei.")]),
                       ("ep-00-01-17.r0002", [("B one.", "B eins.")])]
     assert c.groups["ep-00-01-17.r0001"] == "ep-00-01-17"
     c0 = pc.load_opus(ali, [str(tmp_path / "en.zip"), str(tmp_path / "de.zip")], "en", "de",
-                      boundary_tags=["SPEAKER", "CHAPTER"], group_depth=0)
+                      OpusOptions(boundary_tags=["SPEAKER", "CHAPTER"], group_depth=0))
     assert c0.groups["ep-00-01-17.r0001"] == "ep-00-01-17.r0001"
     assert c.stats.counts["runs ended: boundary element"] == 2
     # no boundary markup in a document that must have it: an error naming the document
@@ -268,7 +270,7 @@ def test_opus_swapped_sides_and_zip(tmp_path):
     with pytest.raises(PrepDocsError, match=r"en\.zip:Europarl/raw/en/ep-00-01-17\.xml: no "
                                             r"<SPEAKER>/<CHAPTER> element"):
         pc.load_opus(ali, [str(tmp_path / "en.zip"), str(tmp_path / "de.zip")], "en", "de",
-                     boundary_tags=["SPEAKER", "CHAPTER"], require_boundaries=True)
+                     OpusOptions(boundary_tags=["SPEAKER", "CHAPTER"], require_boundaries=True))
 
 
 @pytest.mark.parametrize("links,line,what", [
@@ -282,7 +284,7 @@ def test_opus_errors(tmp_path, links, line, what):
     ali = write(tmp_path / "bad.xml", alignment([("en/1999/123/42.xml.gz", "ru/1999/123/77.xml.gz",
                                                    links)]))
     assert_error_at(f"{ali}:{line}: ", what, pc.load_opus, ali, [str(tmp_path / "docs")], "en",
-                    "ru", min_overlap=0.5)
+                    "ru", OpusOptions(min_overlap=0.5))
 
 
 def test_opus_structural_errors(tmp_path):

@@ -60,7 +60,7 @@ from ctx_fairseq.prep.docs import write_documents
 from ctx_fairseq.prep.common import ParallelDoc, decode_text_lines
 from ctx_fairseq.data.docids import DocFileError as PrepDocsError
 from ctx_fairseq.prep.opus import (
-    OpusCorpus, load_opus, read_opus_alignment, read_opus_document)
+    OpusCorpus, OpusOptions, load_opus, read_opus_alignment, read_opus_document)
 
 PROG = "ctx-prep-corpora"
 
@@ -661,11 +661,11 @@ def _run(args) -> List[str]:
         docs, stats = load_aligned_sessions(args.src_dir, args.tgt_dir, args.unit)
     else:
         corpus = load_opus(args.alignment, args.docs, args.src_lang, args.tgt_lang,
-                           min_overlap=args.min_overlap, max_gap=args.max_gap,
-                           gap_from=args.gap_from, one_to_one=not args.all_links,
-                           boundary_tags=args.boundary_tag,
-                           require_boundaries=bool(args.boundary_tag),
-                           group_depth=args.group_depth)
+                           OpusOptions(min_overlap=args.min_overlap, max_gap=args.max_gap,
+                                       gap_from=args.gap_from, one_to_one=not args.all_links,
+                                       boundary_tags=args.boundary_tag,
+                                       require_boundaries=bool(args.boundary_tag),
+                                       group_depth=args.group_depth))
         docs, stats, groups = corpus.docs, corpus.stats, corpus.groups
     if not docs:
         raise PrepDocsError(getattr(args, "src", None) or getattr(args, "src_dir", None)

@@ -398,15 +398,10 @@ def _doc_and_group_keys(src_doc: str, used_keys: Dict[str, int], group_depth: in
     return key, ("/".join(parts[:group_depth]) if group_depth and len(parts) > 1 else key)
 
 
-def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str, *,
-              min_overlap: Optional[float] = None, max_gap: Optional[float] = None,
-              gap_from: str = "start", one_to_one: bool = True,
-              boundary_tags: Sequence[str] = (), require_boundaries: bool = False,
-              group_depth: int = -1) -> OpusCorpus:
-    """Aligned documents of an OPUS alignment and its documents (see the
-    module docstring). The source side is the one whose documents sit under
-    ``src_lang/`` (``fromDoc`` or ``toDoc``; OPUS orders the pair
-    alphabetically). A link is kept when both sides are non-empty, it is 1:1
+@dataclass(frozen=True)
+class OpusOptions:
+    """How :func:`load_opus` keeps links and cuts documents (``ctx-prep-corpora
+    opus``'s options): a link is kept when both sides are non-empty, it is 1:1
     (unless ``one_to_one=False``: then the sentences of a side are joined by
     a space) and, given ``min_overlap``, its ``overlap`` is at least that (a
     link without ``overlap`` is then an error). A document is a run of kept
@@ -422,6 +417,39 @@ def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str
     ``1925/16641``, the OpenSubtitles movie; a one-part name such as
     Europarl's ``ep-00-01-17`` is its own group); ``group_depth=0``: each
     document made here is its own group."""
+    min_overlap: Optional[float] = None
+    max_gap: Optional[float] = None
+    gap_from: str = "start"
+    one_to_one: bool = True
+    boundary_tags: Sequence[str] = ()
+    require_boundaries: bool = False
+    group_depth: int = -1
+
+
+def _group_sides(group: OpusLinkGroup, src_lang: str, tgt_lang: str, alignment: str):
+    """``(source document, target document, swapped)`` of a link group: the
+    source is the document under ``src_lang/`` (``fromDoc`` or ``toDoc``;
+    OPUS orders the pair alphabetically)."""
+    fl, tl = _lang_of(group.from_doc), _lang_of(group.to_doc)
+    if (fl, tl) == (src_lang, tgt_lang):
+        return group.from_doc, group.to_doc, False
+    if (fl, tl) == (tgt_lang, src_lang):
+        return group.to_doc, group.from_doc, True
+    raise PrepDocsError(alignment, group.line,
+                        f"linkGrp {group.from_doc} -> {group.to_doc}: languages "
+                        f"{fl}-{tl}; expected {src_lang} and {tgt_lang} (documents "
+                        f"under {src_lang}/ and {tgt_lang}/)")
+
+
+def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str,
+              options: OpusOptions = OpusOptions()) -> OpusCorpus:
+    """Aligned documents of an OPUS alignment and its documents (see the
+    module docstring), the links kept and the documents cut as ``options``
+    says (:class:`OpusOptions`). The source side is the one whose documents
+    sit under ``src_lang/`` (``fromDoc`` or ``toDoc``; OPUS orders the pair
+    alphabetically)."""
+    min_overlap, max_gap, gap_from = options.min_overlap, options.max_gap, options.gap_from
+    boundary_tags, group_depth = options.boundary_tags, options.group_depth
     if gap_from not in ("start", "end"):
         raise ValueError(f"gap_from must be 'start' or 'end', not {gap_from!r}")
     if min_overlap is not None and not 0 <= min_overlap <= 1:
@@ -436,22 +464,13 @@ def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str
     try:
         for group in read_opus_alignment(alignment):
             where = f"{alignment}:{group.line}"
-            fl, tl = _lang_of(group.from_doc), _lang_of(group.to_doc)
-            if (fl, tl) == (src_lang, tgt_lang):
-                src_doc, tgt_doc, swap = group.from_doc, group.to_doc, False
-            elif (fl, tl) == (tgt_lang, src_lang):
-                src_doc, tgt_doc, swap = group.to_doc, group.from_doc, True
-            else:
-                raise PrepDocsError(alignment, group.line,
-                                    f"linkGrp {group.from_doc} -> {group.to_doc}: languages "
-                                    f"{fl}-{tl}; expected {src_lang} and {tgt_lang} (documents "
-                                    f"under {src_lang}/ and {tgt_lang}/)")
+            src_doc, tgt_doc, swap = _group_sides(group, src_lang, tgt_lang, alignment)
             stats.add("link groups (document pairs)")
             sdata, sname = source.read(src_doc, where)
             tdata, tname = source.read(tgt_doc, where)
             ssents = read_opus_document(sdata, sname, boundary_tags, stats)
             tsents = read_opus_document(tdata, tname, (), stats)
-            if require_boundaries and boundary_tags and ssents and \
+            if options.require_boundaries and boundary_tags and ssents and \
                     max(s.segment for s in ssents.values()) == 0:
                 raise PrepDocsError(sname, None, f"no <{'>/<'.join(boundary_tags)}> element; "
                                                  "expected the markup that delimits documents")
@@ -472,8 +491,8 @@ def load_opus(alignment: str, roots: Sequence[str], src_lang: str, tgt_lang: str
             for link in group.links:
                 stats.add("links")
                 reason, src_s, s_text, t_text = _kept_link(
-                    link, swap, (ssents, sname), (tsents, tname), alignment, one_to_one,
-                    min_overlap)
+                    link, swap, (ssents, sname), (tsents, tname), alignment,
+                    options.one_to_one, min_overlap)
                 if reason is not None:
                     stats.add(reason, where=f"{alignment}:{link.line}")
                     close_run()
