@@ -68,7 +68,7 @@ docs/transformer_han.md.
 
 import logging
 from collections import OrderedDict
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 from fairseq.models import register_model, register_model_architecture
@@ -101,12 +101,35 @@ from ctx_fairseq.modules.han_attention import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TransformerHANModel", "HANEncoder", "HANDecoder"]
+__all__ = ["TransformerHANModel", "HANEncoder", "HANDecoder", "HANContext"]
 
 SIDES = ("both", "encoder", "decoder")
 #: keys the encoder adds to ``encoder_out`` for the HAN decoder (per sentence, not reordered)
 DECODER_CONTEXT_KEYS = ("han_ctx_src_out", "han_ctx_src_padding_mask", "han_ctx_tgt_tokens",
                         "han_ctx_present")
+
+
+class HANContext(NamedTuple):
+    """The context inputs of a batch that the HAN reads, as the
+    ``document_translation`` task names them in ``net_input``:
+    ``src_ctx_tokens`` / ``tgt_ctx_tokens`` (the previous sentences one after
+    the other, ``B x Tc``; all padding: no context) and, laid out by the
+    task's collater for this model, ``*_ctx_sentences`` (``B x k x L``) and
+    ``*_ctx_present`` (``B x k``). Grouped so that the encoder's ``forward``
+    keeps fairseq's own parameters and takes the context as the batch's
+    keyword arguments (:meth:`of`)."""
+    src_ctx_tokens: Optional[Tensor] = None
+    src_ctx_sentences: Optional[Tensor] = None
+    src_ctx_present: Optional[Tensor] = None
+    tgt_ctx_tokens: Optional[Tensor] = None
+    tgt_ctx_sentences: Optional[Tensor] = None
+    tgt_ctx_present: Optional[Tensor] = None
+
+    @classmethod
+    def of(cls, inputs: Dict[str, Optional[Tensor]]) -> "HANContext":
+        """The HAN's context among a batch's inputs (other keys, such as
+        ``*_ctx_lengths``, are not read)."""
+        return cls(**{k: inputs.get(k) for k in cls._fields})
 
 
 def _build_han(cfg, side: str, args) -> HierarchicalContextAttention:
@@ -198,26 +221,23 @@ class HANEncoder(TransformerEncoderBase):
 
     def forward(self, src_tokens, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None,
-                src_ctx_tokens: Optional[Tensor] = None, src_ctx_lengths: Optional[Tensor] = None,
-                tgt_ctx_tokens: Optional[Tensor] = None, tgt_ctx_lengths: Optional[Tensor] = None,
-                src_ctx_sentences: Optional[Tensor] = None,
-                src_ctx_present: Optional[Tensor] = None,
-                tgt_ctx_sentences: Optional[Tensor] = None,
-                tgt_ctx_present: Optional[Tensor] = None, **unused):
+                **context):
         """As fairseq's encoder, plus the context inputs of the
-        ``document_translation`` task (``src_ctx_tokens``: all padding means
-        no context; None is an error; ``*_ctx_sentences`` / ``*_ctx_present``:
-        the same context one sentence per row, as the task's collater lays it
-        out for this model, see :meth:`split`). Returns fairseq's encoder-out dict,
+        ``document_translation`` task (``context``, read as a
+        :class:`HANContext`; ``src_ctx_tokens``: all padding means no context;
+        None is an error; ``*_ctx_sentences`` / ``*_ctx_present``: the same
+        context one sentence per row, as the task's collater lays it out for
+        this model, see :meth:`split`). Returns fairseq's encoder-out dict,
         ``encoder_out`` after the HAN (HAN encoder), plus the context for the
         HAN decoder (``han_ctx_*``, ``han_rows``)."""
-        if src_ctx_tokens is None:
+        ctx = HANContext.of(context)
+        if ctx.src_ctx_tokens is None:
             raise ValueError(
                 "transformer_han: the batch has no context inputs (src_ctx_tokens); run it with "
                 "--task document_translation and the context options it was trained with "
                 f"(--source-context-size {self.k}"
                 + (f" --target-context-size {self.k}" if self.decoder_context else "") + ")")
-        if self.decoder_context and tgt_ctx_tokens is None:
+        if self.decoder_context and ctx.tgt_ctx_tokens is None:
             raise ValueError(
                 "transformer_han: the HAN decoder needs the previous target sentences "
                 f"(tgt_ctx_tokens): --target-context-size {self.k}; at generation "
@@ -225,7 +245,8 @@ class HANEncoder(TransformerEncoderBase):
         out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
                                       token_embeddings)
         h = out["encoder_out"][0]
-        sentences, present = self.split(src_ctx_tokens, src_ctx_sentences, src_ctx_present)
+        sentences, present = self.split(ctx.src_ctx_tokens, ctx.src_ctx_sentences,
+                                        ctx.src_ctx_present)
         filled = self.fill_empty(sentences, present)
         states = self.encode_sentences(filled, present, h)
         if self.han is not None:
@@ -234,7 +255,8 @@ class HANEncoder(TransformerEncoderBase):
             if self.record_statistics:
                 self.last_statistics = _token_statistics(info, out["encoder_padding_mask"][0])
         if self.decoder_context:
-            tgt, tgt_present = self.split(tgt_ctx_tokens, tgt_ctx_sentences, tgt_ctx_present)
+            tgt, tgt_present = self.split(ctx.tgt_ctx_tokens, ctx.tgt_ctx_sentences,
+                                          ctx.tgt_ctx_present)
             out["han_ctx_src_out"] = [states]
             out["han_ctx_src_padding_mask"] = [filled.eq(self.padding_idx)]
             out["han_ctx_tgt_tokens"] = [tgt]
@@ -429,24 +451,17 @@ class TransformerHANModel(TransformerModel):
         return {"src": "sentences",
                 "tgt": "sentences" if self.decoder.han is not None else "concatenated"}
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens,
-                src_ctx_tokens: Optional[Tensor] = None, src_ctx_lengths: Optional[Tensor] = None,
-                tgt_ctx_tokens: Optional[Tensor] = None, tgt_ctx_lengths: Optional[Tensor] = None,
-                return_all_hiddens: bool = True, features_only: bool = False,
-                alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None,
-                src_ctx_sentences: Optional[Tensor] = None,
-                src_ctx_present: Optional[Tensor] = None,
-                tgt_ctx_sentences: Optional[Tensor] = None,
-                tgt_ctx_present: Optional[Tensor] = None, **unused):
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens: bool = True,
+                features_only: bool = False, alignment_layer: Optional[int] = None,
+                alignment_heads: Optional[int] = None, **context):
+        """fairseq's ``TransformerModel.forward``; of the batch's other inputs
+        (``context``) the encoder is given the ones the model declares
+        (:attr:`context_contract`: ``{src,tgt}_ctx_{tokens,lengths,sentences,
+        present}``, None where the batch has none)."""
         return encode_and_decode(self, src_tokens, src_lengths, prev_output_tokens,
                                  return_all_hiddens, features_only, alignment_layer,
-                                 alignment_heads, src_ctx_tokens=src_ctx_tokens,
-                                 src_ctx_lengths=src_ctx_lengths, tgt_ctx_tokens=tgt_ctx_tokens,
-                                 tgt_ctx_lengths=tgt_ctx_lengths,
-                                 src_ctx_sentences=src_ctx_sentences,
-                                 src_ctx_present=src_ctx_present,
-                                 tgt_ctx_sentences=tgt_ctx_sentences,
-                                 tgt_ctx_present=tgt_ctx_present)
+                                 alignment_heads,
+                                 **{k: context.get(k) for k in self.context_contract.inputs})
 
     # --------------------------------------------------------------- two stages
     def han_parameters(self):
