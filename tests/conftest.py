@@ -18,6 +18,17 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def accelerator():
+    """The test runs the accelerator's path on the CPU (the CPU's shortcuts
+    off: :func:`ctx_fairseq.modules.cpu_shortcuts.accelerator_path`). A module
+    asks for it with ``pytestmark = pytest.mark.usefixtures("accelerator")``."""
+    from ctx_fairseq.modules.cpu_shortcuts import accelerator_path
+
+    with accelerator_path():
+        yield
+
+
 @pytest.fixture(scope="session")
 def toy_corpus(tmp_path_factory):
     """A small synthetic discourse corpus (raw text), made by ctx-make-toy's function."""

@@ -70,21 +70,6 @@ def build_tiny_model(arch: str, extra: Sequence[str] = (), vocab: int = 40,
     return model.eval(), d
 
 
-def accelerator_path(model):
-    """``model`` as an accelerator runs it, for the host-read tests (which
-    count on the CPU what a GPU would wait for): the selective word level in
-    whole tiles and the FFN over the padded batch. On the CPU a tile computes
-    only its rows with weight and the FFN only the real tokens, which reads
-    each tile's row count and the real positions back (``compact``,
-    ``pack_on_cpu``: the CPU's shortcuts, off on an accelerator)."""
-    for mod in model.modules():
-        if hasattr(mod, "compact"):
-            mod.compact = False
-        if hasattr(mod, "pack_on_cpu"):
-            mod.pack_on_cpu = False
-    return model
-
-
 def random_tokens(d, lengths: Sequence[int], seed: int, left_pad: bool = True):
     """A padded batch (``len(lengths) x max(lengths)``) of random sentences of
     ``d``'s words, each ended by ``</s>`` (length 0: an all-padding row)."""

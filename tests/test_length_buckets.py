@@ -6,9 +6,11 @@ model's outputs and gradients equal to the one-group batch's (encoder and
 decoder integration, online and offline, left- and right-padded), incremental
 decoding unchanged, and the errors for batches it does not apply to."""
 
+import contextlib
 import itertools
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -250,20 +252,18 @@ def test_the_cpus_shortcuts_equal_the_accelerators_path(integration, mode):
     """On the CPU the model computes less: the word level's compacted tiles,
     the FFN and the context layer's position-wise part on the real tokens,
     the output layer on the real targets. Against the accelerator's path
-    (whole tiles, the padded groups, logits in batch order): the loss and
-    every gradient, float64."""
+    (the selected sentences, the padded groups, logits in batch order): the
+    loss and every gradient, float64."""
+    from ctx_fairseq.modules.cpu_shortcuts import accelerator_path
+
     model, d, (_, grouped) = _model_and_batches(integration, mode, True)
     res = []
     for accelerator in (False, True):
-        for mod in model.modules():
-            if hasattr(mod, "compact"):
-                mod.compact = False if accelerator else None
-            if hasattr(mod, "pack_on_cpu"):
-                mod.pack_on_cpu = not accelerator
         model.zero_grad()
         model.grouped_logits(not accelerator)
         try:
-            out = model(**grouped["net_input"])
+            with (accelerator_path() if accelerator else contextlib.nullcontext()):
+                out = model(**grouped["net_input"])
         finally:
             model.grouped_logits(False)
         target = model.get_targets(grouped, out).reshape(-1)

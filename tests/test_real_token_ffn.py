@@ -113,18 +113,19 @@ def test_an_incremental_step_equals_fairseqs():
 
 
 def test_no_padding_and_other_devices_run_fairseqs_code():
-    """Without padding (or with ``pack_on_cpu`` off) the FFN sees the whole
-    batch: bitwise fairseq's layer."""
+    """Without padding (or with the CPU's shortcuts off) the FFN sees the
+    whole batch: bitwise fairseq's layer."""
+    from ctx_fairseq.modules.cpu_shortcuts import accelerator_path
+
     ours, theirs = _pair("encoder", False)
     x, pad, _, _ = _inputs()
     calls = []
     ours.fc1.register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
     assert torch.equal(ours(x, torch.zeros(B, T, dtype=torch.bool)),
                        theirs(x, torch.zeros(B, T, dtype=torch.bool)))
-    ours.pack_on_cpu = False
-    assert torch.equal(ours(x, pad), theirs(x, pad))
+    with accelerator_path():
+        assert torch.equal(ours(x, pad), theirs(x, pad))
     assert calls == [(T, B, F_), (T, B, F_)]
-    ours.pack_on_cpu = True
     ours(x, pad)
     assert calls[-1] == (int((~pad).sum()), F_)
 

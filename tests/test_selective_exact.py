@@ -6,6 +6,7 @@ its FLOPs are the formula of docs/transformer_selective_doc.md and its memory
 grows linearly with the document; its attention dropout's backward is the
 gradient of its forward."""
 
+import contextlib
 import weakref
 
 import pytest
@@ -14,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from ctx_fairseq.modules.cpu_shortcuts import accelerator_path
 from ctx_fairseq.modules.selective_attention import WORD_CAPACITY, HierarchicalContextAttention
 from ctx_fairseq.modules.word_attention import _StreamedWordAttention, tile_elems_for
 
@@ -208,14 +210,17 @@ def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode, one_thread):
 
 
 @pytest.mark.parametrize("mode", MODES[:3], ids=IDS[:3])
-def test_compacted_tiles_equal_whole_tiles(mode):
+def test_cpu_path_equals_the_accelerators(mode):
     """On the CPU a tile of the hierarchical word level computes only the
     query rows that give one of its sentences a weight, and skips a tile of
-    none (``compact``): values, statistics and every gradient (queries,
-    memory, parameters; float64) equal the whole tiles', in the collater's
-    layout and per query sentence, with a window that leaves some queries
-    one sentence and a document with an empty sentence; with the
-    sparsemax sentence weights it computes fewer FLOPs."""
+    none (``compact``); the accelerator's path (the CPU's shortcuts off)
+    computes the selected sentences only in the collater's per-document
+    layout and whole tiles per query sentence (incremental decoding). Values,
+    statistics and every gradient (queries, memory, parameters; float64)
+    agree to 1e-12, in both layouts, with a window that leaves some queries
+    one sentence and a document with an empty sentence; with the sparsemax
+    sentence weights the CPU computes fewer FLOPs than whole tiles and more
+    than the selected pairs."""
     docs = [(50, 9, 6, 7), (7, 4, 3, 5), (40, 14, 9, 3)]
     q, pad, qd, qp, memory, layout = _batch(docs, 32, 7)
     q = 4 * q  # sharper sentence weights: a few sentences each, as in a trained model
@@ -225,13 +230,13 @@ def test_compacted_tiles_equal_whole_tiles(mode):
         for compact in (False, True):
             torch.manual_seed(0)
             m = HierarchicalContextAttention(32, 4, *mode, sentence_distance=2).double()
-            m.compact = compact
             with torch.no_grad():
                 m.distance_bias.normal_()
             qq = q.double().clone().requires_grad_()
             k = memory[0].double().clone().requires_grad_()
             keys, mask, doc, pos, rows, valid, by_length = (k,) + memory[1:]
-            with FlopCounterMode(display=False) as fc:
+            with (contextlib.nullcontext() if compact else accelerator_path()), \
+                    FlopCounterMode(display=False) as fc:
                 if lay is None:
                     pm = m.project_memory(keys, keys, mask, doc, pos, rows, valid)
                     out, info = m(qq, pm, qd, qp, True, query_padding_mask=pad,
@@ -255,8 +260,10 @@ def test_compacted_tiles_equal_whole_tiles(mode):
             torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
         for key in ("sentence_support_sum", "word_support_sum", "num_support_pairs"):
             assert float(i1[key]) == float(i2[key]), key
-        if mode[1] == "sparsemax":
+        if mode[1] == "sparsemax" and lay is None:  # against whole tiles
             assert f2 < f1, (f1, f2)
+        elif mode[1] == "sparsemax":  # the accelerator's selected pairs: fewer still
+            assert f1 < f2, (f1, f2)
 
 
 def test_context_layer_on_the_real_query_tokens_equals_the_padded_batch():
@@ -353,31 +360,40 @@ def _layer_inputs(n_sent, B=8, T=6, Lw=8, C_=16, seed=0):
 
 @pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=["hierarchical", "flat-word"])
 def test_flops_are_the_documented_formula(mode):
-    """Matrix-product FLOPs of the word level (docs/transformer_selective_doc.md):
-    forward ``4 B T S_pad L C``, backward ``10 B T S_pad L C`` (scores and
-    ``g . v`` recomputed; dq, dk, dv), ``S_pad`` the memory index rounded up
-    to whole blocks; the other products (projections, Eq. 3) do not grow
-    with ``L`` this way."""
+    """Matrix-product FLOPs of the word level on the accelerator's path
+    (docs/transformer_selective_doc.md): hierarchical, the selected pairs
+    only (``N``: the nonzero sentence weights, heads counted), forward ``4 N
+    L d``, backward ``10 N L d`` (``d`` the head dim); flat-word, whole
+    tiles, forward ``4 B T S_pad L C``, backward ``10 B T S_pad L C``
+    (scores and ``g . v`` recomputed; dq, dk, dv), ``S_pad`` the memory index
+    rounded up to whole blocks. The other products (projections, Eq. 3) do
+    not grow with ``L`` this way."""
     B, T, Lw, C_, n = 8, 6, 8, 16, 100
     keys, mask, doc, pos, q, qd, qp = _layer_inputs(n, B, T, Lw, C_)
     res = {}
     for words in (Lw, 2 * Lw):  # the word level's share: the difference in L
         torch.manual_seed(0)
         m = HierarchicalContextAttention(C_, 2, *mode)
-        m.compact = False  # whole tiles (an accelerator's path; the CPU's computes less)
-        k = torch.cat([keys, keys], 1)[:, :words]
+        k = torch.cat([keys, keys], 1)[:, :words]  # the same sentence keys (means)
         mk = torch.cat([mask, mask], 1)[:, :words]
         pm_args = (k, k, mk, doc, pos)
         qq = q.clone().requires_grad_()
-        with FlopCounterMode(display=False) as fwd:
-            pm = m.project_memory(*pm_args)
-            out, _ = m(qq, pm, qd, qp, True, query_groups=m.group_queries(pm, qd))
-        with FlopCounterMode(display=False) as bwd:
-            out.sum().backward()
+        with accelerator_path():
+            with FlopCounterMode(display=False) as fwd:
+                pm = m.project_memory(*pm_args)
+                out, info = m(qq, pm, qd, qp, True, query_groups=m.group_queries(pm, qd),
+                              need_weights=mode[0] == "hierarchical")  # (flat: a pass more)
+            with FlopCounterMode(display=False) as bwd:
+                out.sum().backward()
         res[words] = (fwd.get_total_flops(), bwd.get_total_flops())
-    block = m.block_for(torch.device("cpu"))
-    s_pad = -(-n // block) * block
-    per_word = B * T * s_pad * C_  # B T S_pad C per memory word column
+    if mode[0] == "hierarchical":
+        pairs = int((info["sent_weights"] != 0).sum())
+        assert 0 < pairs < B * T * 2 * n // 4  # sparsemax: a few sentences each
+        per_word = pairs * (C_ // 2)  # N d per memory word column
+    else:
+        block = m.block_for(torch.device("cuda"))
+        s_pad = -(-n // block) * block
+        per_word = B * T * s_pad * C_  # B T S_pad C per memory word column
     proj = 2 * n * Lw * C_ * C_ * 2  # K_w and V projections of the extra L columns
     assert res[2 * Lw][0] - res[Lw][0] == 4 * per_word * Lw + proj
     # (the memory is an input without gradient: its projections' backward is

@@ -7,7 +7,8 @@ sentences are padded to about twice their real tokens; length groups
 times on the target side, and the FFN is two thirds of a layer's
 position-wise products. Each layer's ``forward`` gathers the rows of its
 real positions (from the padding mask fairseq passes it: one host read,
-which an accelerator would wait for, hence the CPU only) before ``fc1`` and
+which an accelerator would wait for, hence the CPU only:
+:func:`~ctx_fairseq.modules.cpu_shortcuts.cpu_shortcuts`) before ``fc1`` and
 scatters ``fc2``'s output back, zeros at the padding, which every reader
 masks (the self-attention's and the source attention's keys, the loss;
 with ``return_fc`` fairseq's ``fc_results`` hold those zeros too). The
@@ -32,6 +33,8 @@ from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
 )
+
+from ctx_fairseq.modules.cpu_shortcuts import cpu_shortcuts
 
 __all__ = ["RealTokenLinear", "RealTokenEncoderLayer", "RealTokenDecoderLayer"]
 
@@ -63,9 +66,6 @@ class RealTokenLinear(nn.Linear):
 class _RealTokenFFN:
     """The mixin: ``fc1``/``fc2`` built as :class:`RealTokenLinear`."""
 
-    #: False: the whole padded batch, as on an accelerator (the host-read tests)
-    pack_on_cpu: bool = True
-
     def build_fc1(self, input_dim, output_dim, q_noise, qn_block_size):
         return quant_noise(RealTokenLinear(input_dim, output_dim, False), p=q_noise,
                            block_size=qn_block_size)
@@ -78,7 +78,7 @@ class _RealTokenFFN:
                         run: Callable[[], object]):
         """``run()`` (fairseq's forward) with the FFN on the real positions of
         ``x`` (``T x B x C``; ``padding_mask`` ``B x T``, True = padding)."""
-        if not self.pack_on_cpu or padding_mask is None or x.device.type != "cpu" \
+        if padding_mask is None or not cpu_shortcuts(x.device) \
                 or x.dim() != 3 \
                 or not isinstance(self.fc1, RealTokenLinear) \
                 or not isinstance(self.fc2, RealTokenLinear):

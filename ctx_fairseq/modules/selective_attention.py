@@ -161,6 +161,8 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
 from ctx_fairseq.modules.context_statistics import mean_gate_sum, real_tokens
+from ctx_fairseq.modules.cpu_shortcuts import cpu_shortcuts
+from ctx_fairseq.modules.selected_word_attention import selected_word_attention
 from ctx_fairseq.modules.selective_memory import (
     ProjectedMemory, QueryLayout, memory_layout)
 from ctx_fairseq.modules.sparsemax import (
@@ -254,9 +256,6 @@ class HierarchicalContextAttention(nn.Module):
         self.selective = selective
         self.word_capacity = 0
         self.word_block = int(word_block) if word_block else None  # None: the device's
-        #: the word level computes only the query rows with weight in a tile
-        #: (streamed_word_attention's ``compact``); None: on the CPU only
-        self.compact: Optional[bool] = None
         self.tile_elems = int(tile_elems) if tile_elems else None  # None: the device's default
         self.uses_sentences = attention in ("hierarchical", "flat-sentence")
         self.uses_words = attention in ("hierarchical", "flat-word")
@@ -621,6 +620,16 @@ class HierarchicalContextAttention(nn.Module):
         layout's column order: position order)."""
         drop = self.dropout_module.p if (self.training or
                                          self.dropout_module.apply_during_inference) else 0.0
+        shortcuts = cpu_shortcuts(qw.device)
+        if not flat and not shortcuts and lay.groups is not None:
+            # the accelerator's per-document layout: the selected sentences only
+            # (one host read); incremental decoding (a query token per row) keeps
+            # the whole tiles, which read nothing
+            out, nnz = selected_word_attention(
+                qw, memory.k_w, memory.v_w, weight, lay.index, memory.word_mask,
+                word_attn=self.word_attn, chunk_elems=self.tile_elems, dropout=drop,
+                want_nnz=want_nnz)
+            return out, nnz, None
         index, spans = lay.index, None
         if lay.order is not None:  # each document's sentences longest first
             index, spans = lay.rows_by_len, lay.spans
@@ -631,7 +640,7 @@ class HierarchicalContextAttention(nn.Module):
             tile_elems=self.tile_elems,
             dropout=drop, want_nnz=want_nnz, spans=spans,
             group_rows=lay.group_rows if spans is not None else None,
-            compact=(qw.device.type == "cpu") if self.compact is None else self.compact)
+            compact=shortcuts)
         if lay.order is not None:  # back to position order
             o = lay.order[:, None, None, :]
             if nnz is not None:

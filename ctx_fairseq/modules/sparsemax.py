@@ -8,6 +8,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ctx_fairseq.modules.cpu_shortcuts import cpu_shortcuts
+
 __all__ = ["NORMALIZERS", "sparsemax", "masked_normalize"]
 
 NORMALIZERS = ("sparsemax", "softmax")
@@ -19,15 +21,16 @@ class _Sparsemax(torch.autograd.Function):
     (``entmax``'s indexes its gradient with a boolean mask, a host read per
     call on a GPU)."""
 
-    #: on the CPU, the threshold is first sought among the largest ``TOP``
-    #: entries (a partial sort): exact whenever the support is smaller
+    #: on the CPU (:func:`~ctx_fairseq.modules.cpu_shortcuts.cpu_shortcuts`), the
+    #: threshold is first sought among the largest ``TOP`` entries (a partial
+    #: sort): exact whenever the support is smaller
     TOP = 64
 
     @staticmethod
     def forward(ctx, x):
         x = x - x.amax(-1, keepdim=True)
         support = None
-        if x.device.type == "cpu" and x.size(-1) > 2 * _Sparsemax.TOP:
+        if cpu_shortcuts(x.device) and x.size(-1) > 2 * _Sparsemax.TOP:
             # the support condition k z_k > sum_{j<=k} z_j - 1 holds on a prefix of
             # the sorted entries: when it fails within the top TOP for every row,
             # the threshold is the full sort's, bit for bit (the same partial sums);

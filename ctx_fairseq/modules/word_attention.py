@@ -59,6 +59,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ctx_fairseq.modules.cpu_shortcuts import cpu_shortcuts
+
 __all__ = ["streamed_word_attention", "WORD_BLOCK", "TILE_ELEMS", "tile_elems_for",
            "word_block_for"]
 
@@ -76,17 +78,20 @@ TILE_ELEMS = {"cpu": 1 << 23, "default": 1 << 26}
 
 
 def tile_elems_for(device: torch.device, tile_elems: Optional[int] = None) -> int:
-    """``tile_elems`` if given, else the default of ``device``'s type."""
+    """``tile_elems`` if given, else the CPU's default where its shortcuts
+    apply (:func:`~ctx_fairseq.modules.cpu_shortcuts.cpu_shortcuts`), else
+    the accelerator's."""
     if tile_elems:
         return int(tile_elems)
-    return TILE_ELEMS.get(torch.device(device).type, TILE_ELEMS["default"])
+    return TILE_ELEMS["cpu" if cpu_shortcuts(device) else "default"]
 
 
 def word_block_for(device: torch.device, word_block: Optional[int] = None) -> int:
-    """``word_block`` if given, else the default of ``device``'s type."""
+    """``word_block`` if given, else the CPU's default where its shortcuts
+    apply, else the accelerator's."""
     if word_block:
         return int(word_block)
-    return WORD_BLOCK.get(torch.device(device).type, WORD_BLOCK["default"])
+    return WORD_BLOCK["cpu" if cpu_shortcuts(device) else "default"]
 
 
 def _compute_dtype(t: Tensor) -> torch.dtype:
@@ -305,8 +310,7 @@ def _keep(x: Tensor, p: float, seed: int, tile: int,
     the numbers is then most of the cost of dropout)."""
     if p <= 0:
         return None
-    gen = torch.Generator(device=x.device)
-    gen.manual_seed((seed + 1_000_003 * tile) % (1 << 63))
+    gen = _generator(x.device, (seed + 1_000_003 * tile) % (1 << 63))
     if support is None:
         keep = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype) >= p
         return keep.to(x.dtype).div_(1 - p)
@@ -315,6 +319,16 @@ def _keep(x: Tensor, p: float, seed: int, tile: int,
     keep = torch.zeros(x.numel(), dtype=x.dtype, device=x.device)
     keep[where] = drawn.to(x.dtype).div_(1 - p)
     return keep.view(x.shape)
+
+
+def _generator(device: torch.device, seed: int) -> Optional[torch.Generator]:
+    """A generator on ``device`` seeded with ``seed``; None on the meta device
+    (a shape-only trace: it has no generator and draws no values)."""
+    if torch.device(device).type == "meta":
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
 
 
 def _dropout(x: Tensor, p: float, seed: int, tile: int) -> Tensor:
@@ -433,10 +447,15 @@ class _Tile:
         """Eq. 4-5 on the tile: ``(a p, p)``, ``p`` normalised over each
         sentence's real words (a sentence without one, which never has
         weight, gets uniform weights)."""
+        w = self.weight().unsqueeze(-2)
         s = self.scores()
         s += self.word_bias
+        # a sentence of weight 0 adds 0 whatever its scores: a half-precision
+        # overflow in it (inf) is taken as 0, so that 0 x inf cannot make NaN
+        # (a finite score is kept: the gradient of a weight at 0 stays exact)
+        s = torch.where(torch.isfinite(s) | (w != 0), s, s.new_zeros(()))
         p = torch.softmax(s, -2) if word_attn == "softmax" else _sparsemax(s, -2)
-        return p * self.weight().unsqueeze(-2), p
+        return p * w, p
 
     def flat_logits(self, low: float) -> Tensor:
         """Eq. 6 logits on the tile; ``low`` where not allowed."""
