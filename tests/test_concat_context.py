@@ -357,10 +357,12 @@ def test_contrastive_scores_the_current_sentence_only(concat_ckpt, toy_bin, toy_
     """The score is the current sentence's log-probability given the context
     (prefix tokens excluded): computed here from a training batch."""
     from ctx_fairseq.eval.scoring import contrastive as C
+    from ctx_fairseq.eval.scoring.suite_report import SuiteOptions
 
     res, suite, scores = C.evaluate_checkpoint(concat_ckpt, toy_bin,
                                                os.path.join(toy_corpus, "test.contrastive.jsonl"),
-                                               gold_target_context=True, return_scores=True)
+                                               SuiteOptions(gold_target_context=True),
+                                               return_scores=True)
     model, task, _ = C.load_checkpoint(concat_ckpt, toy_bin)
     task.load_dataset("test")
     ds = task.datasets["test"]

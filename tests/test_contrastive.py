@@ -16,6 +16,7 @@ import torch
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.eval.scoring import contrastive as C
 from ctx_fairseq.eval.scoring.contrastive_suites import read_suite
+from ctx_fairseq.eval.scoring.suite_report import SuiteOptions
 from suite_fixtures import toy_examples, write_contrapro, write_pairs, write_voita
 
 
@@ -24,7 +25,8 @@ def _jsonl(toy_corpus):
 
 
 def _scores(ckpt, data, path, fmt="toy", **kw):
-    res, suite, scores = C.evaluate_checkpoint(ckpt, data, path, fmt=fmt, return_scores=True, **kw)
+    res, suite, scores = C.evaluate_checkpoint(ckpt, data, path, SuiteOptions(fmt=fmt, **kw),
+                                               return_scores=True)
     return res, suite, scores
 
 
@@ -132,7 +134,8 @@ def test_shuffled_context_is_the_same_for_every_candidate(context_ckpt, toy_bin,
 
 def test_sentence_level_checkpoint(sentence_ckpt, toy_bin, toy_corpus, tmp_path):
     with pytest.raises(ValueError, match="no context to ablate"):
-        C.evaluate_checkpoint(sentence_ckpt, toy_bin, _jsonl(toy_corpus), ablation="shuffled")
+        C.evaluate_checkpoint(sentence_ckpt, toy_bin, _jsonl(toy_corpus),
+                              SuiteOptions(ablation="shuffled"))
     # a sentence-level model ignores the suite's context: same scores with and without it
     exs = toy_examples(toy_corpus, k=1)
     _, _, a = _scores(sentence_ckpt, toy_bin, write_voita(str(tmp_path / "a.json"), exs),
@@ -237,7 +240,7 @@ def test_selective_decoder_memory(selective_dec_ckpt, toy_bin, toy_corpus, tmp_p
     exs = toy_examples(toy_corpus, k=1)
     voita = write_voita(str(tmp_path / "v.json"), exs)
     with pytest.raises(ValueError, match="--allow-partial-document"):
-        C.evaluate_checkpoint(ckpt, toy_bin, voita, fmt="voita")
+        C.evaluate_checkpoint(ckpt, toy_bin, voita, SuiteOptions(fmt="voita"))
     res, _, sv = _scores(ckpt, toy_bin, voita, fmt="voita", allow_partial_document=True)
     assert any("whole-document model" in n for n in res["notes"])
     recs = [json.loads(x) for x in open(_jsonl(toy_corpus))]
@@ -349,12 +352,16 @@ def test_options_for_other_formats_are_errors(context_ckpt, sentence_ckpt, toy_b
     for kw, match in ((dict(suite_context=2), "for --format lopes"),
                       (dict(langs=("en", "de")), "for --format contrapro and bawden"),
                       (dict(gold_target_context=True), "for --format toy"),
-                      (dict(split="valid"), "for --format toy"),
-                      (dict(tie_tolerance=-1.0), "must be >= 0")):
+                      (dict(split="valid"), "for --format toy")):
         with pytest.raises(ValueError, match=match):
-            C.evaluate_checkpoint(context_ckpt[0], toy_bin, voita, fmt="voita", **kw)
+            C.evaluate_checkpoint(context_ckpt[0], toy_bin, voita,
+                                  SuiteOptions(fmt="voita", **kw))
+    with pytest.raises(ValueError, match="must be >= 0"):
+        C.evaluate_checkpoint(context_ckpt[0], toy_bin, voita, SuiteOptions(fmt="voita"),
+                              tie_tolerance=-1.0)
     with pytest.raises(ValueError, match="no context to ablate"):
-        C.evaluate_checkpoint(sentence_ckpt, toy_bin, voita, fmt="voita", ablation="shuffled")
+        C.evaluate_checkpoint(sentence_ckpt, toy_bin, voita,
+                              SuiteOptions(fmt="voita", ablation="shuffled"))
 
 
 def test_truecasing_model_is_applied_after_tokenizing(tmp_path):

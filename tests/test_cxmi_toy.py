@@ -53,8 +53,8 @@ def test_sampled_context_model_uses_its_context(tmp_path):
     model, task, cfg = cxmi.load(ckpt, binned, cuda=False)
     result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], curve=True,
                                   lang="de")
-    res, _, _ = ga.evaluate(os.path.join(raw, "test.contrastive.jsonl"), "toy", path=ckpt,
-                            data=binned, beam=4, max_len_b=20)
+    res, _, _ = ga.evaluate(os.path.join(raw, "test.contrastive.jsonl"), path=ckpt,
+                            data=binned, decoding=ga.Decoding(beam=4, max_len_b=20))
     d1 = {ph: by["1"] for ph, by in res["by_distance"].items() if "1" in by}
     correct = sum(v["correct"] for v in d1.values())
     n = sum(v["n"] for v in d1.values())

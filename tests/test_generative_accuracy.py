@@ -10,6 +10,7 @@ import pytest
 
 from ctx_fairseq.eval.scoring import generative_accuracy as ga
 from ctx_fairseq.eval.scoring.contrastive_suites import Candidate, Example, Suite, read_suite
+from ctx_fairseq.eval.scoring.suite_report import SuiteOptions
 from suite_fixtures import toy_examples, write_contrapro, write_pairs, write_voita
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -159,8 +160,8 @@ def test_every_format_same_outcomes(toy_corpus, tmp_path):
         g = _write_generate(str(tmp_path / f"{fmt}.gen"),
                             [(i, ex.source, h) for i, (ex, h) in enumerate(zip(suite.examples,
                                                                                hyps))])
-        res, s2, got = ga.evaluate(path, fmt, generate_output=g,
-                                   suite_context=1 if fmt == "lopes" else None)
+        res, s2, got = ga.evaluate(path, generate_output=g, options=SuiteOptions(
+            fmt=fmt, suite_context=1 if fmt == "lopes" else None))
         assert got == hyps
         mine = [e["outcome"] for e in res["examples"]]
         if fmt in ("voita", "contrapro"):
@@ -202,7 +203,7 @@ def test_tiny_context_model_end_to_end(context_ckpt, toy_bin, toy_corpus, tmp_pa
     gen = tmp_path / "gen.txt"
     gen.write_text(gen_text)
     toy = os.path.join(toy_corpus, "test.contrastive.jsonl")
-    from_file, suite, hyps_file = ga.evaluate(toy, "toy", generate_output=str(gen))
+    from_file, suite, hyps_file = ga.evaluate(toy, generate_output=str(gen))
     res = ga.cli_main(["--contrastive", toy, "--path", ckpt, "--data", toy_bin, "--beam", "2",
                        "--max-len-b", "20", "--max-tokens", "500", "--out-dir", str(tmp_path),
                        "--name", "tiny"])
@@ -214,27 +215,31 @@ def test_tiny_context_model_end_to_end(context_ckpt, toy_bin, toy_corpus, tmp_pa
     assert res["context"] == "document_translation task context"
     for ext in ("md", "json", "png"):
         assert os.path.getsize(tmp_path / f"generative_tiny.{ext}") > 0
-    again, _, hyps2 = ga.evaluate(toy, "toy", generate_output=str(
+    again, _, hyps2 = ga.evaluate(toy, generate_output=str(
         tmp_path / "generative_tiny.translations.txt"))
     assert hyps2 == mine and again["overall"] == res["overall"]
     # the same examples through the Voita format (source context 1 = the suite's)
     exs = toy_examples(toy_corpus, k=1)
     voita = write_voita(str(tmp_path / "deixis_test.json"), exs)
-    vres, _, vhyps = ga.evaluate(voita, "voita", path=ckpt, data=toy_bin, beam=2, max_len_b=20)
+    vres, _, vhyps = ga.evaluate(voita, path=ckpt, data=toy_bin,
+                                 options=SuiteOptions(fmt="voita"),
+                                 decoding=ga.Decoding(beam=2, max_len_b=20))
     assert vhyps == mine
     # a shuffled context is accepted and reported
-    sres, _, _ = ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=2, max_len_b=20,
-                             ablation="shuffled")
+    sres, _, _ = ga.evaluate(toy, path=ckpt, data=toy_bin,
+                             options=SuiteOptions(ablation="shuffled"),
+                             decoding=ga.Decoding(beam=2, max_len_b=20))
     assert sres["context_ablation"] == "shuffled" and sres["overall"]["n"] == res["overall"]["n"]
 
 
 def test_tiny_sentence_model(sentence_ckpt, toy_bin, toy_corpus, tmp_path):
     toy = os.path.join(toy_corpus, "test.contrastive.jsonl")
-    res, suite, hyps = ga.evaluate(toy, "toy", path=sentence_ckpt, data=toy_bin, beam=1,
-                                   max_len_b=10)
+    res, suite, hyps = ga.evaluate(toy, path=sentence_ckpt, data=toy_bin,
+                                   decoding=ga.Decoding(beam=1, max_len_b=10))
     assert res["context"] == "none (sentence-level)" and len(hyps) == len(suite.examples)
     with pytest.raises(ValueError, match="no context to ablate"):
-        ga.evaluate(toy, "toy", path=sentence_ckpt, data=toy_bin, ablation="shuffled")
+        ga.evaluate(toy, path=sentence_ckpt, data=toy_bin,
+                    options=SuiteOptions(ablation="shuffled"))
 
 
 def test_console_script():
@@ -263,9 +268,10 @@ def test_tiny_document_memory_model_with_target_context(toy_bin, toy_corpus, tmp
     ckpt = os.path.join(save, "checkpoint_last.pt")
     toy = os.path.join(toy_corpus, "test.contrastive.jsonl")
     with pytest.raises(ValueError, match="--gold-target-context"):
-        ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=1, max_len_b=10)
-    res, suite, hyps = ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=1, max_len_b=10,
-                                   gold_target_context=True)
+        ga.evaluate(toy, path=ckpt, data=toy_bin, decoding=ga.Decoding(beam=1, max_len_b=10))
+    res, suite, hyps = ga.evaluate(toy, path=ckpt, data=toy_bin,
+                                   options=SuiteOptions(gold_target_context=True),
+                                   decoding=ga.Decoding(beam=1, max_len_b=10))
     assert len(hyps) == len(suite.examples) and res["overall"]["n"] == len(hyps)
 
 
@@ -289,9 +295,10 @@ def test_tiny_concat_model_with_target_context_equals_fairseq_generate(toy_bin, 
                              "2", "--max-len-b", "10", "--max-tokens", "2000", "--gen-subset",
                              "test", "--num-workers", "0"]))
     toy = os.path.join(toy_corpus, "test.contrastive.jsonl")
-    _, _, from_file = ga.evaluate(toy, "toy", generate_output=str(gen))
-    res, _, mine = ga.evaluate(toy, "toy", path=ckpt, data=toy_bin, beam=2, max_len_b=10,
-                               gold_target_context=True)
+    _, _, from_file = ga.evaluate(toy, generate_output=str(gen))
+    res, _, mine = ga.evaluate(toy, path=ckpt, data=toy_bin,
+                               options=SuiteOptions(gold_target_context=True),
+                               decoding=ga.Decoding(beam=2, max_len_b=10))
     assert mine == from_file and res["overall"]["n"] == len(mine)
 
 

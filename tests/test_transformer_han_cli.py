@@ -231,11 +231,12 @@ def test_joint_model_from_the_han_encoder_checkpoint(han_ckpt, toy_bin, tmp_path
 def test_contrastive_scoring(han_ckpt, toy_bin, toy_corpus):
     """ctx-score-contrastive builds the HAN's context through the task."""
     from ctx_fairseq.eval.scoring.contrastive import evaluate_checkpoint
+    from ctx_fairseq.eval.scoring.suite_report import SuiteOptions
     from ctx_fairseq.data.toy_corpus import read_contrastive
 
     ckpt, _ = han_ckpt
     jsonl = os.path.join(toy_corpus, "test.contrastive.jsonl")
-    res = evaluate_checkpoint(ckpt, toy_bin, jsonl, gold_target_context=True)
+    res = evaluate_checkpoint(ckpt, toy_bin, jsonl, SuiteOptions(gold_target_context=True))
     assert res["overall"]["n"] == len(read_contrastive(jsonl))
     assert {"overall", "by_phenomenon", "by_distance"} <= set(res)
     with pytest.raises(ValueError, match="target"):

@@ -270,6 +270,7 @@ def _preprocess(raw: str, binned: str) -> None:
 
 def _score(arch: str, ckpt: str, binned: str, jsonl: str, gen: str, out: str) -> None:
     from ctx_fairseq.eval.scoring import contrastive
+    from ctx_fairseq.eval.scoring.suite_report import SuiteOptions
     from ctx_fairseq.generate_output import corpus_bleu, read_generate_output
 
     g = read_generate_output(gen)
@@ -277,7 +278,7 @@ def _score(arch: str, ckpt: str, binned: str, jsonl: str, gen: str, out: str) ->
               "sentences": len(g.ids)}
     # the one scorer for every architecture: context exactly as the task builds it
     result["contrastive"] = contrastive.evaluate_checkpoint(
-        ckpt, binned, jsonl, fmt="toy", gold_target_context=True)
+        ckpt, binned, jsonl, SuiteOptions(fmt="toy", gold_target_context=True))
     model, _task, _cfg = contrastive.load_checkpoint(ckpt, binned)
     result["params"] = sum(p.numel() for p in model.parameters())
     result["cxmi"] = _cxmi(ckpt, binned, sentence_level=not contrastive.uses_context(_task))

@@ -83,10 +83,11 @@ def contrastive_with_context(ckpt: str, data: str, jsonl: str, ablation: str = "
     (record ``id`` = line of ``{split}``, ``doc_id`` and ``src`` checked). A
     checkpoint with target context needs ``gold_target_context``."""
     from ctx_fairseq.eval.scoring.contrastive import evaluate_checkpoint
+    from ctx_fairseq.eval.scoring.suite_report import SuiteOptions
 
-    return evaluate_checkpoint(ckpt, data, jsonl, fmt="toy", cpu=cpu, ablation=ablation,
-                               split=split, gold_target_context=gold_target_context,
-                               batch_size=batch_size)
+    return evaluate_checkpoint(ckpt, data, jsonl, SuiteOptions(
+        fmt="toy", cpu=cpu, ablation=ablation, split=split,
+        gold_target_context=gold_target_context, batch_size=batch_size))
 
 
 # ----------------------------------------------------------------------------- BLEU

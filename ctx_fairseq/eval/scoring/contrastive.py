@@ -74,10 +74,10 @@ import torch
 
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
-from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Suite, read_suite
+from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Suite
 from ctx_fairseq.eval.scoring.suite_report import (
     accuracy_bar_plot, add_output_args, add_suite_args, group_outcomes, pct, print_report,
-    report_name, result_rows, suite_options, write_report_files)
+    report_name, result_rows, SuiteOptions, suite_options, write_report_files)
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
 from ctx_fairseq.tasks.context_options import task_setting
 
@@ -436,34 +436,22 @@ def write_scores(suite: Suite, scores: List[List[float]], path: str) -> None:
 
 
 # --------------------------------------------------------------------- API
-def evaluate_checkpoint(path: str, data: str, contrastive: str, fmt: str = "toy",
-                        cpu: bool = True, ablation: str = "none", split: str = "test",
-                        gold_target_context: bool = False, batch_size: int = 32,
-                        max_tokens: Optional[int] = None, tie_tolerance: float = 1e-4,
-                        text_args: Optional[argparse.Namespace] = None,
-                        langs: Optional[Tuple[str, str]] = None,
-                        suite_context: Optional[int] = None, suite_json: Optional[str] = None,
-                        allow_partial_document: bool = False, return_scores: bool = False):
-    """Contrastive accuracy of a checkpoint on a suite (module docstring)."""
-    if fmt != "lopes" and (suite_context is not None or suite_json is not None):
-        raise ValueError("--suite-context and --suite-json are for --format lopes")
-    if fmt not in ("contrapro", "bawden") and langs is not None:
-        raise ValueError("--suite-langs is for --format contrapro and bawden")
-    if fmt != "toy" and (gold_target_context or split != "test"):
-        raise ValueError("--gold-target-context and --split are for --format toy (the public "
-                         "suites give their own context)")
+def evaluate_checkpoint(path: str, data: str, contrastive: str,
+                        options: SuiteOptions = SuiteOptions(), tie_tolerance: float = 1e-4,
+                        return_scores: bool = False):
+    """Contrastive accuracy of a checkpoint on a suite (module docstring),
+    read and scored as ``options`` says; ``(result, suite, scores)`` with
+    ``return_scores``."""
+    options.check(" (the public suites give their own context)")
     if tie_tolerance < 0:
         raise ValueError("--tie-tolerance must be >= 0")
-    suite = read_suite(fmt, contrastive, langs=langs, context=suite_context, meta=suite_json)
-    scorer = scorer_for_checkpoint(path, data, ablation, cpu, text_args, batch_size=batch_size,
-                                   max_tokens=max_tokens, split=split,
-                                   gold_target_context=gold_target_context,
-                                   allow_partial_document=allow_partial_document)
+    suite = options.read(contrastive)
+    scorer = scorer_for_checkpoint(path, data, options)
     src_enc, tgt_enc = scorer.src_enc, scorer.tgt_enc
     scores = scorer.score(suite)
     result = summarize(suite, scores, tie_tolerance)
     result.update({
-        "checkpoint": path, "context_ablation": ablation,
+        "checkpoint": path, "context_ablation": options.ablation,
         "context": "document_translation task context" if scorer.context else "none (sentence-level)",
         "notes": scorer.notes,
         "unknown_rate": {"source": src_enc.unknown_rate(), "target": tgt_enc.unknown_rate()},
@@ -475,21 +463,26 @@ def evaluate_checkpoint(path: str, data: str, contrastive: str, fmt: str = "toy"
     return (result, suite, scores) if return_scores else result
 
 
-def scorer_for_checkpoint(path: str, data: str, ablation: str = "none", cpu: bool = True,
-                          text_args=None, **kwargs) -> "ContrastiveScorer":
-    """The scorer of checkpoint ``path`` (:func:`load_checkpoint`), with the
-    text encoders of ``text_args`` (``--tokenizer`` / ``--bpe`` ...; the
-    defaults when None) and ``kwargs`` for :class:`ContrastiveScorer`: the one
-    way the scorer and generative accuracy load a checkpoint."""
-    model, task, cfg = load_checkpoint(path, data, cuda=not cpu)
-    check_ablation(path, task, ablation)
-    kwargs.setdefault("condition", ContextCondition("true" if ablation == "none" else ablation))
+def scorer_for_checkpoint(path: str, data: str,
+                          options: SuiteOptions = SuiteOptions()) -> "ContrastiveScorer":
+    """The scorer of checkpoint ``path`` (:func:`load_checkpoint`) on the
+    device, with the context ablation, text encoders (``text_args``: the
+    defaults when None) and batches of ``options``: the one way the scorer
+    and generative accuracy load a checkpoint."""
+    model, task, cfg = load_checkpoint(path, data, cuda=not options.cpu)
+    check_ablation(path, task, options.ablation)
+    text_args = options.text_args
     if text_args is None:
         p = argparse.ArgumentParser()
         add_text_unit_args(p)
         text_args = p.parse_args([])
     src_enc, tgt_enc = TextEncoder.pair_from_args(text_args, task, cfg)
-    return ContrastiveScorer(model, task, src_enc, tgt_enc, **kwargs)
+    return ContrastiveScorer(
+        model, task, src_enc, tgt_enc, batch_size=options.batch_size,
+        max_tokens=options.max_tokens, split=options.split,
+        gold_target_context=options.gold_target_context,
+        allow_partial_document=options.allow_partial_document,
+        condition=ContextCondition("true" if options.ablation == "none" else options.ablation))
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -523,9 +516,8 @@ def cli_main(argv=None) -> Dict:
     options = suite_options(p, args)
     try:
         result, suite, scores = evaluate_checkpoint(
-            args.path, args.data, args.contrastive, fmt=args.format, batch_size=args.batch_size,
-            max_tokens=args.max_tokens, tie_tolerance=args.tie_tolerance, return_scores=True,
-            **options)
+            args.path, args.data, args.contrastive, options, tie_tolerance=args.tie_tolerance,
+            return_scores=True)
     except (OSError, ValueError) as err:
         p.error(str(err))
     paths = write_report(result, args.out_dir,

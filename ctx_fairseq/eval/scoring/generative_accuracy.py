@@ -85,24 +85,26 @@ import logging
 import os
 import re
 import sys
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
 
 from ctx_fairseq.eval.scoring.contrastive import ContrastiveScorer, scorer_for_checkpoint
-from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Example, Suite, read_suite
+from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Example, Suite
 from ctx_fairseq.generate_output import BPE_SCHEMES, lines_with_bpe, read_generate_output, \
     remove_bpe
 from ctx_fairseq.eval.scoring.suite_report import (accuracy_bar_plot, add_output_args, add_suite_args,
                                            group_outcomes, pct, print_report, report_name,
-                                           result_rows, suite_options, write_report_files)
+                                           result_rows, SuiteOptions, suite_options,
+                                           write_report_files)
 from ctx_fairseq.tasks.generation import best_tokens_on_cpu
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["words", "distinguishing_words", "judge", "summarize", "translations_from_file",
-           "translate_suite", "write_translations", "evaluate", "format_result", "write_report", "cli_main"]
+           "translate_suite", "write_translations", "Decoding", "evaluate", "format_result", "write_report", "cli_main"]
 
 OUTCOMES = ("correct", "contrastive", "both", "other")
 _WORD = re.compile(r"[^\W_]+")
@@ -296,44 +298,46 @@ def write_translations(suite: Suite, hypotheses: Sequence[str], path: str) -> No
 
 
 # --------------------------------------------------------------------- API
-def evaluate(contrastive: str, fmt: str = "toy", generate_output: Optional[str] = None,
-             path: Optional[str] = None, data: Optional[str] = None, cpu: bool = True,
-             ablation: str = "none", split: str = "test", gold_target_context: bool = False,
-             batch_size: int = 32, max_tokens: Optional[int] = None, beam: int = 5,
-             max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
-             case_sensitive: bool = False, text_args: Optional[argparse.Namespace] = None,
-             langs: Optional[Tuple[str, str]] = None, suite_context: Optional[int] = None,
-             suite_json: Optional[str] = None, allow_partial_document: bool = False):
-    """``(result, suite, hypotheses)`` (module docstring)."""
+@dataclass(frozen=True)
+class Decoding:
+    """The beam search that translates a suite (:func:`translate_suite`;
+    ``--beam``, ``--max-len-a``, ``--max-len-b``, ``--lenpen``)."""
+    beam: int = 5
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    lenpen: float = 1.0
+
+
+def evaluate(contrastive: str, generate_output: Optional[str] = None,
+             path: Optional[str] = None, data: Optional[str] = None,
+             options: SuiteOptions = SuiteOptions(), decoding: Decoding = Decoding(),
+             case_sensitive: bool = False):
+    """``(result, suite, hypotheses)`` (module docstring): the translations
+    of ``generate_output``, or those of checkpoint ``path`` made here with
+    ``decoding``; the suite read and the checkpoint run as ``options`` says."""
     if (generate_output is None) == (path is None):
         raise ValueError("give either --generate-output FILE (translations made already) or "
                          "--path CKPT --data DIR (translate here)")
     if path is not None and data is None:
         raise ValueError("--path needs --data (the binarized data's dictionaries)")
-    if fmt != "lopes" and (suite_context is not None or suite_json is not None):
-        raise ValueError("--suite-context and --suite-json are for --format lopes")
-    if fmt not in ("contrapro", "bawden") and langs is not None:
-        raise ValueError("--suite-langs is for --format contrapro and bawden")
-    if fmt != "toy" and (gold_target_context or split != "test"):
-        raise ValueError("--gold-target-context and --split are for --format toy")
-    suite = read_suite(fmt, contrastive, langs=langs, context=suite_context, meta=suite_json)
+    options.check()
+    suite = options.read(contrastive)
     notes: List[str] = []
     if generate_output is not None:
-        if ablation != "none":
+        if options.ablation != "none":
             raise ValueError("--context-ablation is for --path (translate here); the "
                              "translations of --generate-output are made already")
         hyps = translations_from_file(suite, generate_output)
         source = {"generate_output": generate_output}
     else:
-        scorer = scorer_for_checkpoint(path, data, ablation, cpu, text_args,
-                                       batch_size=batch_size, max_tokens=max_tokens, split=split,
-                                       gold_target_context=gold_target_context,
-                                       allow_partial_document=allow_partial_document)
+        scorer = scorer_for_checkpoint(path, data, options)
         src_enc = scorer.src_enc
-        hyps = translate_suite(scorer, suite, beam, max_len_a, max_len_b, lenpen)
+        hyps = translate_suite(scorer, suite, decoding.beam, decoding.max_len_a,
+                               decoding.max_len_b, decoding.lenpen)
         notes += scorer.notes
-        source = {"checkpoint": path, "context_ablation": ablation, "beam": beam,
-                  "max_len_a": max_len_a, "max_len_b": max_len_b, "lenpen": lenpen,
+        source = {"checkpoint": path, "context_ablation": options.ablation,
+                  "beam": decoding.beam, "max_len_a": decoding.max_len_a,
+                  "max_len_b": decoding.max_len_b, "lenpen": decoding.lenpen,
                   "context": ("document_translation task context" if scorer.context
                               else "none (sentence-level)")}
         rate = src_enc.unknown_rate()
@@ -381,10 +385,9 @@ def cli_main(argv=None) -> Dict:
         p.error("--beam and --batch-size must be >= 1")
     try:
         result, suite, hyps = evaluate(
-            args.contrastive, args.format, args.generate_output, args.path, args.data,
-            batch_size=args.batch_size, max_tokens=args.max_tokens, beam=args.beam,
-            max_len_a=args.max_len_a, max_len_b=args.max_len_b, lenpen=args.lenpen,
-            case_sensitive=args.case_sensitive, **options)
+            args.contrastive, args.generate_output, args.path, args.data, options,
+            Decoding(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+                     lenpen=args.lenpen), case_sensitive=args.case_sensitive)
     except (OSError, ValueError) as err:
         p.error(str(err))
     name = report_name(args.name, suite.name, args.context_ablation)

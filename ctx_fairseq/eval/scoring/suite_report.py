@@ -4,16 +4,20 @@ grouped by category and antecedent distance, the rows of their tables, their
 bar plot and the writer of their three files. Each tool keeps its own
 outcomes, summary of a group and columns; what they share is here."""
 
+import argparse
 import collections
 import json
 import os
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ctx_fairseq.data.conditions import ABLATIONS
+from ctx_fairseq.eval.scoring.contrastive_suites import Suite, read_suite
 from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure
 
 __all__ = ["distance_key", "group_outcomes", "pct", "result_rows", "accuracy_bar_plot",
-           "write_report_files", "add_suite_args", "suite_langs", "suite_options", "report_name",
+           "write_report_files", "add_suite_args", "suite_langs", "SuiteOptions", "suite_options",
+           "report_name",
            "print_report", "add_output_args"]
 
 
@@ -169,14 +173,58 @@ def suite_langs(parser, value: Optional[str]) -> Optional[Tuple[str, str]]:
     return parts[0], parts[1]
 
 
-def suite_options(parser, args) -> Dict:
-    """The keyword arguments both tools' evaluations take from the options
-    of :func:`add_suite_args` and :func:`add_output_args` (``--suite-langs``
-    checked by :func:`suite_langs`: a parser error)."""
-    return dict(cpu=not args.cuda, ablation=args.context_ablation, split=args.split,
-                gold_target_context=args.gold_target_context, text_args=args,
-                langs=suite_langs(parser, args.suite_langs), suite_context=args.suite_context,
-                suite_json=args.suite_json, allow_partial_document=args.allow_partial_document)
+@dataclass(frozen=True)
+class SuiteOptions:
+    """What both tools' evaluations take besides the suite's path and the
+    checkpoint: the suite's format (``fmt``, :data:`FORMATS`) and its options
+    (``langs``: contrapro and bawden's file suffixes; ``suite_context`` /
+    ``suite_json``: lopes), the toy ``split``, the context ``ablation``,
+    ``gold_target_context``, ``allow_partial_document``, the device (``cpu``),
+    the text units (``text_args``, ``--tokenizer`` / ``--bpe`` ...; the
+    defaults when None) and the batches (``batch_size``, ``max_tokens``). One
+    object, so that a new suite option reaches both tools through
+    :func:`suite_options` without a new parameter in each."""
+    fmt: str = "toy"
+    langs: Optional[Tuple[str, str]] = None
+    suite_context: Optional[int] = None
+    suite_json: Optional[str] = None
+    split: str = "test"
+    ablation: str = "none"
+    gold_target_context: bool = False
+    allow_partial_document: bool = False
+    cpu: bool = True
+    text_args: Optional[argparse.Namespace] = None
+    batch_size: int = 32
+    max_tokens: Optional[int] = None
+
+    def check(self, toy_only_note: str = "") -> None:
+        """A ``ValueError`` for an option the format does not take
+        (``toy_only_note``: what the toy-only options' error adds)."""
+        if self.fmt != "lopes" and (self.suite_context is not None or self.suite_json is not None):
+            raise ValueError("--suite-context and --suite-json are for --format lopes")
+        if self.fmt not in ("contrapro", "bawden") and self.langs is not None:
+            raise ValueError("--suite-langs is for --format contrapro and bawden")
+        if self.fmt != "toy" and (self.gold_target_context or self.split != "test"):
+            raise ValueError("--gold-target-context and --split are for --format toy"
+                             + toy_only_note)
+
+    def read(self, contrastive: str) -> Suite:
+        """The suite at ``contrastive`` (a file or a prefix) in this format."""
+        return read_suite(self.fmt, contrastive, langs=self.langs, context=self.suite_context,
+                          meta=self.suite_json)
+
+
+def suite_options(parser, args) -> SuiteOptions:
+    """Both tools' :class:`SuiteOptions` from their options (``--format``,
+    ``--batch-size``, ``--max-tokens`` and those of :func:`add_suite_args` and
+    :func:`add_output_args`; ``--suite-langs`` checked by
+    :func:`suite_langs`: a parser error)."""
+    return SuiteOptions(fmt=args.format, cpu=not args.cuda, ablation=args.context_ablation,
+                        split=args.split, gold_target_context=args.gold_target_context,
+                        text_args=args, langs=suite_langs(parser, args.suite_langs),
+                        suite_context=args.suite_context, suite_json=args.suite_json,
+                        allow_partial_document=args.allow_partial_document,
+                        batch_size=args.batch_size, max_tokens=args.max_tokens)
 
 
 def report_name(name: Optional[str], suite_name: str, ablation: str) -> str:
