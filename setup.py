@@ -61,6 +61,8 @@ setup(
             "ctx-make-pronoun-suite = ctx_fairseq.eval.scoring.make_pronoun_suite:cli_main",
             "ctx-cxmi = ctx_fairseq.cli.entry_points:cxmi",
             "ctx-generative-accuracy = ctx_fairseq.cli.entry_points:generative_accuracy",
+            "ctx-dp-eval = ctx_fairseq.eval.pronouns.dp_eval:cli_main",
+            "ctx-dp-suite = ctx_fairseq.eval.pronouns.dp_suite:cli_main",
         ]
     },
 )

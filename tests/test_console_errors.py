@@ -54,6 +54,12 @@ CASES = [
      ["--path", "{tmp}/nope.pt", "--data", "{tmp}", "--out", "{tmp}/cx"], "no such checkpoint"),
     ("ctx-generative-accuracy", "ctx_fairseq.eval.scoring.generative_accuracy:cli_main",
      ["--contrastive", "{tmp}/nope.jsonl", "--generate-output", "{bad}"], "no such file"),
+    ("ctx-dp-eval", "ctx_fairseq.eval.pronouns.dp_eval:cli_main",
+     ["--source", "{bad}", "--dp-source", "{tmp}/nope.zh", "--refs", "{bad}", "--hyp", "{bad}",
+      "--json", "{tmp}/dp.json"], "nope.zh: cannot read"),
+    ("ctx-dp-suite", "ctx_fairseq.eval.pronouns.dp_suite:cli_main",
+     ["build", "--source", "{bad}", "--dp-source", "{tmp}/nope.zh", "--refs", "{bad}",
+      "--out", "{tmp}/s.jsonl"], "nope.zh: cannot read"),
     # the issue's own example: a fairseq-generate file without S-/T-/H- lines
     ("prep_tvsub", "ctx_fairseq.prep.tvsub:main",
      ["score", "{bad}", "--refs", "{bad}", "--docids", "{tmp}/one.docids", "--out-dir",
