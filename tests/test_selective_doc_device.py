@@ -71,12 +71,13 @@ def test_training_step_host_reads_are_the_transformers(name, mode):
         m.zero_grad()
         m(**inputs)[0].float().sin().sum().backward()
 
-    # the selected sentences' list: one nonzero per hierarchical context layer (issue 36)
+    # the selected sentences' list: one read (its size per width class) per
+    # hierarchical context layer (issue 36)
     pairs = sum(1 for m in model.modules() if getattr(m, "attention", None) == "hierarchical")
     step(model, ni)  # warm: a frozen memory's cache misses
     got = _reads(lambda: step(model, ni))
     ref = _reads(lambda: step(plain, plain_in))
-    assert got["nonzero"] == pairs, (got, pairs)
+    assert got["tolist"] == pairs and not got["nonzero"], (got, pairs)
     assert sum(got.values()) <= sum(ref.values()) + allowed + pairs, (got, ref)
     assert not {"unique", "bool_index", "masked_select", "bincount"} & set(got), got
 

@@ -177,8 +177,9 @@ def test_collated_layout_equals_per_sentence(mode):
             torch.testing.assert_close(i2[key], i1[key], rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("path", ["cpu", "accelerator"])
 @pytest.mark.parametrize("mode", MODES, ids=IDS)
-def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode, one_thread):
+def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode, path, one_thread):
     """Float32, CPU, head size 16, the collater's layout: the outputs and the
     query gradients of document A's sentences are bitwise the same alone and
     beside documents with more memory sentences, wider memory sentences (L),
@@ -187,9 +188,12 @@ def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode, one_thread):
     CPU's GEMMs do on one thread: an output row's value does not depend on
     how many rows the product has (a compacted tile's row count follows the
     batch); checked on the default, AVX2 and AVX-512 kernels (CI runs this
-    module under ATEN_CPU_CAPABILITY=default too)."""
+    module under ATEN_CPU_CAPABILITY=default too). Both paths: the CPU's
+    and the accelerator's (the selected sentences: their list, and its
+    chunks, follow the batch)."""
     a = (40, 6, 10, 5)
     res = []
+    ctx = accelerator_path if path == "accelerator" else contextlib.nullcontext
     for docs in ([a], [a, (100, 11, 20, 9)], [(3, 15, 2, 12), a, (60, 8, 4, 4)]):
         q, pad, qd, qp, memory, layout = _batch(docs, 64, 7)
         rows_a = (qd == docs.index(a)).nonzero().squeeze(1)
@@ -198,9 +202,10 @@ def test_a_sentence_does_not_depend_on_its_batch_bitwise(mode, one_thread):
         with torch.no_grad():
             m.distance_bias.normal_()
         qq = q.clone().requires_grad_()
-        out, _ = _forward(m, qq, pad, qd, qp, memory, layout)
-        real = (~pad[rows_a]).t().unsqueeze(-1)
-        (out[:, rows_a] * real).sum().backward()
+        with ctx():
+            out, _ = _forward(m, qq, pad, qd, qp, memory, layout)
+            real = (~pad[rows_a]).t().unsqueeze(-1)
+            (out[:, rows_a] * real).sum().backward()
         T = q.size(0)  # document A's queries: the last 5 positions (left padding)
         res.append(((out[:, rows_a] * real)[T - 5:].detach(),
                     (qq.grad[:, rows_a] * real)[T - 5:]))

@@ -23,21 +23,29 @@ mask where there is one)::
          = on (a dP - mean_on(a dP)),  on = p > 0       (sparsemax)
     dq += sum_l ds_l k_l,   dk_l += ds_l q,   dv_l += P_l go
 
-Cost. The pairs are found with one ``nonzero`` (the one host read of the
-context layer per pass: it sizes the pair list; the backward reuses it).
-They are processed in chunks of ``chunk_elems // (L d)`` pairs, each chunk a
-gather of its keys and values and two batched products, so the executed
-word-level FLOPs are those of the selected sentences (``4 N L d`` forward
-for ``N`` pairs; the CPU's compacted tiles compute whole blocks of 16
-sentences and the accelerator's whole tiles every sentence) and the number
-of launched ops grows with ``N / chunk``, not with the document. Memory:
-the pair list (``N`` longs, several) and one chunk.
+Width classes. A pair reads its sentence's words from its first real word
+on, in the smallest width of :data:`WIDTHS` (4, 8, 12, 16, 24, 32, ...) that
+holds them, never the batch's widest sentence: the padding computed is at
+most a third of a sentence above 8 words, and a pair's shapes depend on its
+own sentence only.
+
+Cost. The pairs are counted per width class on the device and the counts
+read back once (``tolist``: the one host read of the context layer per
+pass, which sizes the pair list; ``nonzero_static`` then lists the pairs
+without another, and the backward reuses the list). They are processed per
+class in chunks of ``chunk_elems // (W d)`` pairs, each chunk a gather of
+its keys and values and two batched products, so the executed word-level
+FLOPs are those of the selected sentences (``4 N W d`` forward for ``N``
+pairs of width ``W``; the CPU's compacted tiles compute whole blocks of 16
+sentences and whole tiles every sentence) and the number of launched ops
+grows with ``N / chunk`` and the classes present, not with the document.
+Memory: the pair list (``N`` longs, several) and one chunk.
 
 Exactness and batch independence. Every pair is computed from its own
-query row and its own sentence; a row's pairs are added to it in the order
-of their sentences whatever the chunking (``index_add_`` in index order),
-so a sentence's result does not depend on the other documents of the batch
-(tested). Matrix products run in the operands' dtype (the autocast dtype in
+query row and its own sentence in shapes of its own; a row's pairs are added
+to it in the order (width class, sentence) whatever the chunking
+(``index_add_`` in index order), so a sentence's result does not depend on
+the other documents of the batch (tested bitwise on the CPU). Matrix products run in the operands' dtype (the autocast dtype in
 an autocast region), normalisation and accumulation in float32 at least; a
 sentence of weight 0 is never computed, so a half-precision overflow there
 cannot reach the output (``0 x inf``).
@@ -56,47 +64,95 @@ from torch import Tensor
 
 from ctx_fairseq.modules.word_attention import _compute_dtype, _generator, _sparsemax
 
-__all__ = ["selected_word_attention", "CHUNK_ELEMS"]
+__all__ = ["selected_word_attention", "CHUNK_ELEMS", "WIDTHS"]
 
 #: about how many key (and value) elements one chunk of pairs gathers (``n L d``);
 #: the pairs are independent, so the result does not depend on it
 CHUNK_ELEMS = 1 << 24
 
 
-class _Pairs:
-    """The selected pairs of ``weight`` (``G x H x M x J``) and one chunk's
-    gathered operands. ``flat``: the pairs' flat indices into ``weight``;
-    ``row``: their query row in the flat ``(G H M)`` order; ``mem``/``head``:
-    the memory row and head whose keys they read."""
+#: the widths a pair's words are computed in: each selected sentence reads the
+#: smallest of these that holds its words, from its first real word on (fixed:
+#: a pair's shapes depend on its own sentence only, never on the batch's widest)
+WIDTHS = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
-    def __init__(self, flat: Tensor, weight: Tensor, index: Tensor):
+
+def _spans(word_mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """Each memory sentence's first real word column and its width class
+    (an index into :data:`WIDTHS` covering first to last real word)."""
+    S, L = word_mask.shape
+    cols = torch.arange(L, device=word_mask.device)
+    real = word_mask.to(torch.bool)
+    first = torch.where(real, cols, L).amin(1).clamp(max=max(L - 1, 0))
+    last = torch.where(real, cols, -1).amax(1)
+    width = (last - first + 1).clamp(min=1)
+    widths = torch.tensor(WIDTHS, device=word_mask.device)
+    if L > WIDTHS[-1]:
+        raise ValueError(f"memory sentences of {L} columns: the selected word level takes "
+                         f"at most {WIDTHS[-1]}")
+    return first, torch.searchsorted(widths, width)
+
+
+class _Pairs:
+    """The selected pairs of ``weight`` (``G x H x M x J``), grouped by width
+    class, and one chunk's gathered operands. ``flat``: the pairs' flat
+    indices into ``weight``; ``row``: their query row in the flat ``(G H M)``
+    order; ``mem``/``head``: the memory row and head whose keys they read;
+    ``runs``: ``(width, start, end)`` per class present (host ints)."""
+
+    def __init__(self, weight: Tensor, index: Tensor, word_mask: Tensor,
+                 counts: Optional[list] = None, flat: Optional[Tensor] = None):
         G, H, M, J = weight.shape
-        self.flat = flat
+        first, cls = _spans(word_mask)
+        if flat is None:
+            on = weight != 0
+            cls_gj = cls[index]  # G x J
+            per = torch.zeros(len(WIDTHS), dtype=torch.long, device=weight.device)
+            per.scatter_add_(0, cls_gj.reshape(-1), on.sum((1, 2)).reshape(-1))
+            counts = per.tolist()  # the one host read: how many pairs of each width
+            flat = torch.nonzero_static(on.reshape(-1), size=sum(counts)).squeeze(1)
+            j = flat % J
+            order = torch.argsort(cls_gj[flat // (H * M * J), j], stable=True)
+            flat = flat[order]
+        self.flat, self.counts = flat, counts
         self.row = flat // J
-        j = flat % J
         g = self.row // (H * M)
         self.head = (self.row // M) % H
-        self.mem = index[g, j]
+        self.mem = index[g, flat % J]
+        self.first = first[self.mem]
+        self.runs, start = [], 0
+        for c, n in enumerate(counts):
+            if n:
+                self.runs.append((WIDTHS[c], start, start + n))
+            start += n
 
-    def chunk(self, c0: int, c1: int, q, k, v, weight, word_mask, dt, acc):
-        """The operands of pairs ``c0:c1``: ``(qv n x d, K n x L x d, V n x L x
-        d, a n, real words n x L)``."""
+    def chunk(self, c0: int, c1: int, width: int, q, k, v, weight, word_mask, dt, acc):
+        """The operands of pairs ``c0:c1`` (of one width class): ``(qv n x d, K
+        n x W x d, V n x W x d, a n, real words n x W, columns n x W)``."""
         row, mem, head = self.row[c0:c1], self.mem[c0:c1], self.head[c0:c1]
+        L = k.size(2)
+        offs = torch.arange(width, device=k.device)
+        cols = (self.first[c0:c1, None] + offs).clamp(max=L - 1)  # n x W
+        inside = (self.first[c0:c1, None] + offs) < L
+        at = (mem[:, None], head[:, None], cols)
         qv = q.reshape(-1, q.size(-1))[row].to(dt)
-        K = k[mem, head].to(dt)
-        V = v[mem, head].to(dt)
+        K = k[at].to(dt)
+        V = v[at].to(dt)
         a = weight.reshape(-1)[self.flat[c0:c1]].to(acc)
-        return qv, K, V, a, word_mask[mem]
+        return qv, K, V, a, word_mask[mem[:, None], cols] & inside, at
 
 
-def _chunks(n: int, L: int, d: int, chunk_elems: int):
-    size = max(1, chunk_elems // max(1, L * d))
-    for number, c0 in enumerate(range(0, n, size)):
-        yield number, c0, min(n, c0 + size)
+def _chunks(pairs: "_Pairs", d: int, chunk_elems: int):
+    number = 0
+    for width, r0, r1 in pairs.runs:
+        size = max(1, chunk_elems // (width * d))
+        for c0 in range(r0, r1, size):
+            yield number, c0, min(r1, c0 + size), width
+            number += 1
 
 
 def _normalise(qv: Tensor, K: Tensor, words: Tensor, word_attn: str, acc) -> Tensor:
-    """Eq. 4 per pair: ``p`` (``n x L``, float32 at least) over the real words."""
+    """Eq. 4 per pair: ``p`` (``n x W``, float32 at least) over the real words."""
     s = torch.bmm(K, qv.unsqueeze(-1)).squeeze(-1).to(acc)
     s = s.masked_fill(~words, torch.finfo(acc).min)
     return torch.softmax(s, -1) if word_attn == "softmax" else _sparsemax(s, -1)
@@ -121,12 +177,13 @@ class _SelectedWordAttention(torch.autograd.Function):
         L = k.size(2)
         dt = _compute_dtype(q)
         acc = torch.promote_types(q.dtype, torch.float32)
-        flat = (weight != 0).reshape(-1).nonzero().squeeze(1)  # the one host read
-        pairs = _Pairs(flat, weight, index)
+        pairs = _Pairs(weight, index, word_mask)  # (the one host read)
+        flat = pairs.flat
         out = q.new_zeros(G * H * M, d, dtype=acc)
         nnz = q.new_zeros(weight.numel() if want_nnz else 0, dtype=torch.int32)
-        for number, c0, c1 in _chunks(flat.numel(), L, d, chunk_elems):
-            qv, K, V, a, words = pairs.chunk(c0, c1, q, k, v, weight, word_mask, dt, acc)
+        for number, c0, c1, width in _chunks(pairs, d, chunk_elems):
+            qv, K, V, a, words, _ = pairs.chunk(c0, c1, width, q, k, v, weight, word_mask, dt,
+                                                acc)
             p = _normalise(qv, K, words, word_attn, acc)
             if want_nnz:  # nonzero word weights of each selected sentence
                 nnz[flat[c0:c1]] = (p != 0).sum(-1).to(torch.int32)
@@ -137,15 +194,15 @@ class _SelectedWordAttention(torch.autograd.Function):
             o = torch.bmm(P.to(dt).unsqueeze(1), V).squeeze(1)
             out.index_add_(0, pairs.row[c0:c1], o.to(acc))
         ctx.save_for_backward(q, k, v, weight, index, word_mask, flat)
-        ctx.cfg = (word_attn, chunk_elems, p_drop, seed, dt, acc)
+        ctx.cfg = (word_attn, chunk_elems, p_drop, seed, dt, acc, pairs.counts)
         ctx.mark_non_differentiable(nnz)
         return out.view(G, H, M, d).to(dt), nnz.view(weight.shape) if want_nnz else nnz
 
     @staticmethod
     def backward(ctx, grad, _grad_nnz):
         q, k, v, weight, index, word_mask, flat = ctx.saved_tensors
-        word_attn, chunk_elems, p_drop, seed, dt, acc = ctx.cfg
-        d, L = q.size(-1), k.size(2)
+        word_attn, chunk_elems, p_drop, seed, dt, acc, counts = ctx.cfg
+        d = q.size(-1)
         need_q, need_k, need_v, need_w = ctx.needs_input_grad[:4]
         dq = q.new_zeros(q.numel() // d, d, dtype=acc) if need_q else None
         dk = torch.zeros(k.shape, dtype=torch.promote_types(k.dtype, torch.float32),
@@ -154,9 +211,10 @@ class _SelectedWordAttention(torch.autograd.Function):
                          device=v.device) if need_v else None
         dw = torch.zeros(weight.numel(), dtype=acc, device=weight.device) if need_w else None
         g_rows = grad.reshape(-1, d)
-        pairs = _Pairs(flat, weight, index)
-        for number, c0, c1 in _chunks(flat.numel(), L, d, chunk_elems):
-            qv, K, V, a, words = pairs.chunk(c0, c1, q, k, v, weight, word_mask, dt, acc)
+        pairs = _Pairs(weight, index, word_mask, counts, flat)
+        for number, c0, c1, width in _chunks(pairs, d, chunk_elems):
+            qv, K, V, a, words, at = pairs.chunk(c0, c1, width, q, k, v, weight, word_mask, dt,
+                                                 acc)
             p = _normalise(qv, K, words, word_attn, acc)
             P = p * a.unsqueeze(-1)
             keep = _keep(P.shape, p_drop, seed, number, q.device, acc)
@@ -178,7 +236,6 @@ class _SelectedWordAttention(torch.autograd.Function):
             ds = ds.to(dt)
             if dq is not None:
                 dq.index_add_(0, row, torch.bmm(ds.unsqueeze(1), K).squeeze(1).to(acc))
-            at = (pairs.mem[c0:c1], pairs.head[c0:c1])
             if dk is not None:
                 dk.index_put_(at, torch.bmm(ds.unsqueeze(-1), qv.unsqueeze(1)).to(dk.dtype),
                               accumulate=True)
