@@ -664,6 +664,43 @@ sent_dc_iwslt_models() {
     SENT_DEFAULT_MODELS="transformer enc-dc dec-dc full-dc"
 }
 
+# The DC paper's IWSLT recipes on WIT3's archives (recipes/iwslt14_es_en,
+# iwslt14_ro_en, iwslt15_fr_en) differ only in these values, so their run.sh
+# sets RECIPE_NAME, sources recipe.sh and calls
+#   sent_dc_wit3_run SRC LANGUAGE YEAR MERGES "VALID SETS" "TEST SETS" "$@"
+# SRC<->English (SRC the other language's code, LANGUAGE its name, for the
+# usage), IWSLT's YEAR-01 release, MERGES the BPE merge operations (Sec. 5.1's
+# shared vocabulary), the WIT3 validation and test sets (Sec. 5.1), then the
+# recipe's command line (recipe_init). Scored as Sec. 5.1: case-sensitive BLEU
+# with multi-bleu.perl (tokenized) besides sacreBLEU, casing preserved.
+sent_dc_wit3_run() {
+    local other=$1 language=$2 year=$3 archive
+    # shellcheck disable=SC2034  # read by recipe_init
+    RECIPE_USAGE="usage: bash recipes/$RECIPE_NAME/run.sh [--smoke] [--raw DIR] [--workdir DIR] [--cpu]
+IWSLT${year#20} $language<->English with the DC paper's models (Table 2); see recipes/$RECIPE_NAME/README.md.
+Environment: MODELS, DIRECTIONS, TRAIN_EXTRA, GEN_EXTRA, PYTHON."
+    recipe_init "${@:7}"
+    SENT_L1=$other
+    SENT_L2=en
+    SENT_DEFAULT_DIRECTIONS="$other-en en-$other"
+    SENT_MERGES=$4
+    SENT_WIT3_PAIR=$other-en
+    archive=https://raw.githubusercontent.com/hlt-mt/WIT3/master/archive/$year-01
+    SENT_FILES=(
+        "$other-en.tgz $archive/texts/$other/en/$other-en.tgz"
+        "$other-en-test.tgz $archive-test/texts/$other/en/$other-en.tgz"
+    )
+    SENT_WIT3_VALID=$5
+    SENT_WIT3_TEST=$6
+    SENT_DOWNLOAD_FN=sent_download_files
+    SENT_TEXT_FN=sent_text_wit3
+    SENT_DETOK=1
+    SENT_TOK_BLEU=1
+    SENT_TOK_BLEU_LABEL="the paper's metric: case-sensitive multi-bleu.perl"
+    SENT_PAPER="Ampomah et al. (2021), Dual contextual module for NMT: Table 2 (${other^}->En, En->${other^})."
+    sent_dc_iwslt_run
+}
+
 # The whole IWSLT recipe after recipe_init: Table 2's models in both directions,
 # BLEU by source length per direction (the paper shows it for En->De only,
 # Fig. 5; here as an extra), the summary.
