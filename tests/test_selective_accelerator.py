@@ -215,3 +215,28 @@ def test_widths_follow_the_sentence_not_the_batch():
     assert torch.equal(cls2, cls) and torch.equal(first2, first + 60)
     with pytest.raises(ValueError, match="at most 1024"):
         swa._spans(torch.ones(1, 2000, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("precomputed", [False, True])
+def test_a_long_document_with_a_frozen_memory_names_the_flag(precomputed):
+    """The paper's frozen memory on a document whose memory alone exceeds
+    --max-tokens: without --memory-precomputed the batching (at start-up,
+    before any step) stops with an error naming the flag; with it the batches
+    count their own sentences only and the document trains."""
+    from ctx_fairseq.data.batching import memory_batches
+    from selective_doc_utils import dataset
+
+    import numpy as np
+
+    d = build(["--context-memory", "frozen"])[1]
+    data = corpus(d, [60], lengths=[6] * 60)
+    ds = dataset(d, data, memory_precomputed=precomputed)
+    ds.set_context_layout({"memory": "separate"})  # the frozen memory's layout
+    order = np.arange(60)
+    if not precomputed:
+        with pytest.raises(ValueError, match="add --memory-precomputed: a frozen memory"):
+            memory_batches(ds, order, max_tokens=100)
+        return
+    batches = memory_batches(ds, order, max_tokens=100)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(60))
+    assert all(len(b) * 8 <= 100 for b in batches)  # own sentences: 6 words, </s>, +1

@@ -184,12 +184,23 @@ def memory_batches(ds, indices: np.ndarray,
                     f"sentence {i} (document {ds.doc_names[ds.doc_index[i]]!r}, position "
                     f"{int(ds.sent_pos[i])}) with the document memory it needs takes "
                     f"{ds.memory_cost(run[j:j + 1])} tokens, more than --max-tokens {max_tokens}; "
-                    "raise --max-tokens (a shared document memory is encoded in the batch)")
+                    + _memory_advice(ds))
             batches.append(run[j:j + take])
             j += take
     if cur:
         batches.append(np.concatenate(cur))
     return batches
+
+
+def _memory_advice(ds) -> str:
+    """What to do when a sentence and its document memory exceed --max-tokens."""
+    if getattr(ds, "context_layout", {}).get("memory") == "separate":
+        # a frozen memory is encoded without gradients, in chunks: it need not count
+        return ("add --memory-precomputed: a frozen memory (--context-memory frozen) is encoded "
+                "without gradients, in chunks, and read from the model's cache, so that "
+                "--max-tokens then counts the batch's own sentences only (the paper's setting "
+                "for long documents)")
+    return "raise --max-tokens (a shared document memory is encoded in the batch)"
 
 
 def document_groups(batches: Sequence[np.ndarray], doc_index: np.ndarray) -> List[List[int]]:
