@@ -158,13 +158,20 @@ def load_sentence_checkpoint(model, path: str, their_name: Optional[Callable[[st
     return {"loaded": loaded, "fresh": fresh, "unused": unused}
 
 
-def add_sentence_init_option(parser, what: str) -> None:
-    """``--init-from-sentence-checkpoint`` of a sentence-level model that
-    extends the transformer (``what``: its new parameters, for the help)."""
+def add_sentence_init_option(parser, what: str, also: str = "",
+                             freeze: Optional[str] = None) -> None:
+    """``--init-from-sentence-checkpoint`` of a model that extends the
+    transformer (``what``: its new parameters, for the help; ``also``: what
+    else the option may start from) and, given ``freeze`` (what stage 2 then
+    trains), ``--freeze-sentence-level``: the two-stage training options of
+    every document-level model, declared once."""
+    if freeze is not None:
+        parser.add_argument("--freeze-sentence-level", action="store_true",
+                            help=f"stage 2 of two-stage training: train only {freeze}")
     parser.add_argument(
         "--init-from-sentence-checkpoint", type=str, metavar="PATH",
         help="start from a stage-1 sentence-level transformer checkpoint of the same shape "
-             f"(every transformer parameter loaded; {what} left at their initialisation); "
+             f"(every transformer parameter loaded; {what} left at their initialisation){also}; "
              "read by --task document_translation in a new run only (not when the run "
              "restores a checkpoint, nor when loading this model's own checkpoints)")
 

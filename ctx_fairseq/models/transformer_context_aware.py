@@ -54,6 +54,7 @@ from torch import Tensor
 
 from ctx_fairseq.models._fairseq_utils import (
     SourceContextModel,
+    add_sentence_init_option,
     layer_being_built,
     load_sentence_checkpoint,
     model_shape,
@@ -181,12 +182,8 @@ class TransformerContextAwareModel(SourceContextModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        parser.add_argument(
-            "--init-from-sentence-checkpoint", type=str, metavar="PATH",
-            help="two-stage training: initialise every parameter whose name and shape match "
-                 "from this sentence-level transformer checkpoint (context attention, gate "
-                 "and the context encoder's last layer start fresh); ignored when loading "
-                 "this model's own checkpoints")
+        add_sentence_init_option(parser, "the context attention, the gate and the context "
+                                         "encoder's last layer")
 
     @classmethod
     def build_model(cls, args, task):

@@ -75,6 +75,7 @@ from torch import Tensor, nn
 from ctx_fairseq.data.contract import task_options
 from ctx_fairseq.models._fairseq_utils import (
     SourceContextModel,
+    add_sentence_init_option,
     load_sentence_checkpoint,
     set_default,
     tiny_shape,
@@ -378,14 +379,10 @@ class TransformerDocZhang2018Model(SourceContextModel, TransformerModel):
                             help="context gating (gate, the paper's model, default) or a "
                                  "residual connection (residual, the paper's comparison "
                                  "without gating)")
-        parser.add_argument("--freeze-sentence-level", action="store_true",
-                            help="two-step training, step 2: train only the document-level "
-                                 "parameters (context encoder, context attentions, gates); "
-                                 "needs --init-from-sentence-checkpoint in a new run")
-        parser.add_argument("--init-from-sentence-checkpoint", type=str, metavar="PATH",
-                            help="two-step training: initialise every parameter whose name and "
-                                 "shape match from this sentence-level transformer checkpoint "
-                                 "(the document-level parameters start fresh)")
+        add_sentence_init_option(
+            parser, "the document-level parameters",
+            freeze="the document-level parameters (context encoder, context attentions, "
+                   "gates); needs --init-from-sentence-checkpoint in a new run")
 
     @classmethod
     def build_model(cls, args, task):

@@ -83,6 +83,7 @@ from torch import Tensor
 
 from ctx_fairseq.data.contract import ContextContract, task_options
 from ctx_fairseq.models._fairseq_utils import (
+    add_sentence_init_option,
     decode_static,
     encode_and_decode,
     encode_static,
@@ -386,15 +387,11 @@ class TransformerHANModel(TransformerModel):
                                  "HAN's queries and context states too (default: they are "
                                  "detached, as in the authors' code, and the context sentences "
                                  "are encoded/decoded without gradients)")
-        parser.add_argument("--freeze-sentence-level", action="store_true",
-                            help="stage 2: train only the HAN parameters (the paper trains the "
-                                 "whole model)")
-        parser.add_argument("--init-from-sentence-checkpoint", type=str, metavar="PATH",
-                            help="two-stage training: initialise every parameter whose name and "
-                                 "shape match from this checkpoint (a sentence-level "
-                                 "transformer; or transformer_han_enc for the joint model, as "
-                                 "the paper does); ignored when loading this model's own "
-                                 "checkpoints")
+        add_sentence_init_option(
+            parser, "the HAN modules",
+            also=", or from a transformer_han_enc checkpoint for the joint model, as the paper "
+                 "does (the decoder's HAN left at its initialisation)",
+            freeze="the HAN parameters (the paper trains the whole model)")
 
     @classmethod
     def build_model(cls, args, task):

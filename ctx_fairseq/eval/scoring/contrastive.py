@@ -77,7 +77,7 @@ from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
 from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Suite
 from ctx_fairseq.eval.scoring.suite_report import (
     accuracy_bar_plot, add_output_args, add_suite_args, group_outcomes, pct, print_report,
-    report_name, result_rows, SuiteOptions, suite_options, write_report_files)
+    report_name, result_rows, SuiteOptions, parse_suite_args, write_report_files)
 from ctx_fairseq.eval.text_units import TextEncoder, add_text_unit_args
 from ctx_fairseq.tasks.context_options import task_setting
 
@@ -512,8 +512,7 @@ def get_parser() -> argparse.ArgumentParser:
 
 def cli_main(argv=None) -> Dict:
     p = get_parser()
-    args = p.parse_args(argv)
-    options = suite_options(p, args)
+    args, options = parse_suite_args(p, argv)
     try:
         result, suite, scores = evaluate_checkpoint(
             args.path, args.data, args.contrastive, options, tie_tolerance=args.tie_tolerance,

@@ -97,7 +97,7 @@ from ctx_fairseq.generate_output import BPE_SCHEMES, lines_with_bpe, read_genera
     remove_bpe
 from ctx_fairseq.eval.scoring.suite_report import (accuracy_bar_plot, add_output_args, add_suite_args,
                                            group_outcomes, pct, print_report, report_name,
-                                           result_rows, SuiteOptions, suite_options,
+                                           result_rows, SuiteOptions, parse_suite_args,
                                            write_report_files)
 from ctx_fairseq.tasks.generation import best_tokens_on_cpu
 
@@ -379,8 +379,7 @@ def get_parser() -> argparse.ArgumentParser:
 
 def cli_main(argv=None) -> Dict:
     p = get_parser()
-    args = p.parse_args(argv)
-    options = suite_options(p, args)
+    args, options = parse_suite_args(p, argv)
     if args.beam < 1 or args.batch_size < 1:
         p.error("--beam and --batch-size must be >= 1")
     try:

@@ -17,7 +17,7 @@ from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure
 
 __all__ = ["distance_key", "group_outcomes", "pct", "result_rows", "accuracy_bar_plot",
            "write_report_files", "add_suite_args", "suite_langs", "SuiteOptions", "suite_options",
-           "report_name",
+           "parse_suite_args", "report_name",
            "print_report", "add_output_args"]
 
 
@@ -225,6 +225,13 @@ def suite_options(parser, args) -> SuiteOptions:
                         suite_context=args.suite_context, suite_json=args.suite_json,
                         allow_partial_document=args.allow_partial_document,
                         batch_size=args.batch_size, max_tokens=args.max_tokens)
+
+
+def parse_suite_args(parser, argv) -> Tuple[argparse.Namespace, SuiteOptions]:
+    """``(args, options)``: either tool's command line ``argv`` parsed by its
+    ``parser`` and the :class:`SuiteOptions` it gives (:func:`suite_options`)."""
+    args = parser.parse_args(argv)
+    return args, suite_options(parser, args)
 
 
 def report_name(name: Optional[str], suite_name: str, ablation: str) -> str:
