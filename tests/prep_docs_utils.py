@@ -49,6 +49,32 @@ def out_files(out_dir):
     return sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
 
 
+def fail_nth_fdopen(monkeypatch, n):
+    """Make the ``n``-th ``os.fdopen`` fail as a full disk does (its file
+    descriptor closed), to check that a failed write leaves nothing behind;
+    returns the list of descriptors it was called with."""
+    real = os.fdopen
+    calls = []
+
+    def failing_fdopen(fd, *a, **k):
+        calls.append(fd)
+        if len(calls) == n:
+            os.close(fd)
+            raise OSError(28, "No space left on device")
+        return real(fd, *a, **k)
+
+    monkeypatch.setattr(pd.os, "fdopen", failing_fdopen)
+    return calls
+
+
+def seg_in_iwslt(raw, seg):
+    """``(offset, docid, line)`` of the first ``<seg id="SEG">`` of an IWSLT
+    XML file's text ``raw``: where a test corrupts it, and what the error names."""
+    pos = raw.index(f'<seg id="{seg}">')
+    docid = re.findall(r'<doc\s[^>]*docid="([^"]*)"', raw[:pos])[-1]
+    return pos, docid, raw[:pos].count("\n") + 1
+
+
 def assert_error(argv, capsys, out_dir, path, line, *fragments):
     """The command fails with status 2, names PATH:LINE and each fragment, and
     leaves nothing (not even a temporary file) in OUT_DIR."""

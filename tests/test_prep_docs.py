@@ -13,6 +13,8 @@ from ctx_fairseq.data.docids import read_docid_lines
 from fairseq_cli_utils import preprocess
 
 from prep_docs_utils import (
+    fail_nth_fdopen,
+    seg_in_iwslt,
     SRC_DOCS,
     TGT_DOCS,
     xml_args,
@@ -77,9 +79,7 @@ def test_iwslt17_entities_unescaped(tmp_path):
 @needs_iwslt
 def test_iwslt17_corrupted_seg_id_rejected(tmp_path, capsys):
     raw = read_text(iwslt("tst2010", "de"))
-    pos = raw.index('<seg id="5">')
-    docid = re.findall(r'<doc\s[^>]*docid="([^"]*)"', raw[:pos])[-1]
-    line = raw[:pos].count("\n") + 1
+    pos, docid, line = seg_in_iwslt(raw, 5)
     bad = write(tmp_path / "bad.de.xml", raw[:pos] + '<seg id="6">' + raw[pos + len('<seg id="5">'):])
     out_dir = tmp_path / "out"
     err = assert_error(["xml", "--src-xml", iwslt("tst2010", "en"), "--tgt-xml", bad,
@@ -93,9 +93,7 @@ def test_iwslt17_corrupted_seg_id_rejected(tmp_path, capsys):
 def test_iwslt17_renumbered_seg_id_rejected(tmp_path, capsys):
     """A segment id changed to one not used in its document: a pure alignment error."""
     raw = read_text(iwslt("dev2010", "de"))
-    pos = raw.index('<seg id="5">')
-    docid = re.findall(r'<doc\s[^>]*docid="([^"]*)"', raw[:pos])[-1]
-    line = raw[:pos].count("\n") + 1
+    _, docid, line = seg_in_iwslt(raw, 5)
     bad = write(tmp_path / "bad.de.xml", raw.replace('<seg id="5">', '<seg id="5000">', 1))
     out_dir = tmp_path / "out"
     assert_error(["xml", "--src-xml", iwslt("dev2010", "en"), "--tgt-xml", bad,
@@ -363,17 +361,7 @@ def test_error_leaves_existing_outputs_alone(tmp_path, capsys):
 def test_write_failure_leaves_nothing(tmp_path, monkeypatch):
     docs = [("d", [("a", "b")])]
     out_dir = tmp_path / "out"
-    real = os.fdopen
-    calls = []
-
-    def failing_fdopen(fd, *a, **k):
-        calls.append(fd)
-        if len(calls) == 3:
-            os.close(fd)
-            raise OSError(28, "No space left on device")
-        return real(fd, *a, **k)
-
-    monkeypatch.setattr(pd.os, "fdopen", failing_fdopen)
+    fail_nth_fdopen(monkeypatch, 3)
     with pytest.raises(OSError):
         pd.write_documents(docs, str(out_dir / "p"), "en", "de")
     assert out_files(out_dir) == []

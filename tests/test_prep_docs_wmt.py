@@ -1,14 +1,13 @@
 """ctx-prep-docs on WMT test-set XML (documents, references, systems,
 paragraphs, errors), tolerant SGML pairs and TED train.tags."""
 
-import os
-
 import pytest
 
 from ctx_fairseq.prep import docs as pd
 from ctx_fairseq.data.docids import read_docid_lines
 
 from prep_docs_utils import (
+    fail_nth_fdopen,
     TGT_DOCS,
     xml_args,
     xml_file,
@@ -232,17 +231,7 @@ def test_wmt_write_failure_leaves_nothing(tmp_path, monkeypatch):
     """The hypothesis file is written atomically with the other three."""
     xml = wmt_file(tmp_path / "w.xml")
     out_dir = tmp_path / "out"
-    real = os.fdopen
-    calls = []
-
-    def failing_fdopen(fd, *a, **k):
-        calls.append(fd)
-        if len(calls) == 4:
-            os.close(fd)
-            raise OSError(28, "No space left on device")
-        return real(fd, *a, **k)
-
-    monkeypatch.setattr(pd.os, "fdopen", failing_fdopen)
+    calls = fail_nth_fdopen(monkeypatch, 4)
     with pytest.raises(OSError):
         pd.prepare_wmt(xml, "en", "de", str(out_dir / "t"), hyp_system="sysX")
     assert len(calls) == 4 and out_files(out_dir) == []
