@@ -118,9 +118,20 @@ def test_outputs(measured, tmp_path):
         means = [r["mean_p_cxmi"] for r in got["top_words"][c]]
         assert means == sorted(means, reverse=True)
         classes = got["word_classes"][c]
-        assert set(classes) == {"all words", "pronouns", "deictic", "other"}
-        assert classes["all words"]["count"] == len(words)
+        assert set(classes) == {"all words", "pronouns", "deictic", "other", "</s>"}
+        # all words: </s> left out, on a line of its own (one per sentence)
+        n_eos = sum(r["word"] == "</s>" for r in words)
+        assert n_eos == got["sentences"] and classes["</s>"]["count"] == n_eos
+        assert classes["all words"]["count"] == len(words) - n_eos
+        assert classes["all words"]["excludes"] == "</s>"
         assert sum(g["count"] for k, g in classes.items() if k != "all words") == len(words)
+        vals = [r["p_cxmi"][c] for r in words if r["word"] != "</s>"]
+        assert classes["all words"]["mean_p_cxmi"] == pytest.approx(np.mean(vals), abs=1e-9)
+        eos = [r["p_cxmi"][c] for r in words if r["word"] == "</s>"]
+        assert classes["</s>"]["mean_p_cxmi"] == pytest.approx(np.mean(eos), abs=1e-9)
+        assert classes["</s>"]["minus_all_words"] == pytest.approx(np.mean(eos) - np.mean(vals),
+                                                                   abs=1e-9)
+    assert got["sentence_level_frozen"] is False and got["co_primary"] is None
     assert any("without a sampled context size" in n for n in got["notes"])
     lines = [json.loads(x) for x in (tmp_path / "tokens.jsonl").read_text().splitlines()]
     assert len(lines) == len(words)
@@ -164,15 +175,16 @@ def test_class_breakdown_per_word_and_by_repetition(loaded, measured, tmp_path):
     for c in CONDS:
         classes = result["word_classes"][c]
         for name, g in classes.items():
-            sel = [r for r in words if name == "all words"
-                   or table.get(normalise(r["word"]), "other") == name]
+            sel = [r for r in words if (r["word"] == "</s>") == (name == "</s>") and (
+                name in ("all words", "</s>")
+                or table.get(normalise(r["word"]), "other") == name)]
             for key, flag in (("in_previous_reference", True),
                               ("not_in_previous_reference", False)):
                 vals = [r["p_cxmi"][c] for r in sel if r["in_previous_reference"] == flag]
                 assert g[key]["count"] == len(vals)
                 if vals:
                     assert g[key]["mean_p_cxmi"] == pytest.approx(np.mean(vals), abs=1e-9)
-            if name in ("all words", "other"):
+            if name in ("all words", "other", "</s>"):
                 assert "by_word" not in g
                 continue
             assert sum(b["count"] for b in g["by_word"]) == g["count"]
@@ -622,3 +634,34 @@ def test_doc_bootstrap():
     same = doc_bootstrap(num, den, minus=(num, den))
     assert same["low"] == same["high"] == 0.0
     assert "30 documents" in iv["method"]
+
+
+def test_frozen_sentence_level_has_shuffled_as_co_primary(toy_bin, sentence_ckpt, tmp_path):
+    """A checkpoint trained with --freeze-sentence-level (read from its own
+    arguments, also from the file alone): flagged, shuffled measured though
+    not asked for (its co-primary figure), a note and a line in cxmi.md; the
+    same model without the flag is not flagged."""
+    from ctx_fairseq.eval.context_use import cxmi
+
+    flags = {}
+    for frozen in (True, False):
+        save = str(tmp_path / f"z{int(frozen)}")
+        train([toy_bin, *ARCHS["transformer_doc_zhang2018"], *TINY_MODEL_ARGS,
+               "--share-all-embeddings", "--init-from-sentence-checkpoint", sentence_ckpt,
+               *(["--freeze-sentence-level"] if frozen else []), "--optimizer", "adam", "--lr",
+               "1e-3", "--max-tokens", "500", "--max-update", "1", "--save-dir", save,
+               "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1", "--num-workers",
+               "0", "--disable-validation"])
+        path = os.path.join(save, "checkpoint_last.pt")
+        model, task, cfg = cxmi.load(path, toy_bin, cuda=False)
+        result, _ = cxmi.compute_cxmi(model, task, cfg, "test", ["none"], max_tokens=400)
+        flags[frozen] = result
+        assert cxmi.checkpoint_sentence_level_frozen(path) is frozen
+    on, off = flags[True], flags[False]
+    assert on["sentence_level_frozen"] is True and on["co_primary"] == "shuffled"
+    assert on["conditions"] == ["none", "shuffled"] and "cxmi" in on["shuffled"]
+    assert any("--freeze-sentence-level" in n and "co-primary" in n for n in on["notes"])
+    assert "co-primary: shuffled" in cxmi_outputs.format_result(on)
+    assert off["sentence_level_frozen"] is False and off["co_primary"] is None
+    assert off["conditions"] == ["none"]
+    assert "co-primary" not in cxmi_outputs.format_result(off)

@@ -82,7 +82,19 @@ condition ``cxmi``, ``tokens`` and the rest), ``cxmi.md``, ``tokens.jsonl``
 word, P-CXMI per condition, whether the word repeats a word of the previous
 reference sentence), ``cxmi_hist.png`` (per-word P-CXMI) and
 ``cxmi_by_position.png`` (P-CXMI per token by sentence position in the
-document). Word classes: :mod:`ctx_fairseq.eval.context_use.word_classes`.
+document). Word classes: :mod:`ctx_fairseq.eval.context_use.word_classes`;
+``all words`` (and ``other``) are the reference's words without ``</s>``,
+which is a class of its own line (one per sentence, never a word of the text:
+its P-CXMI says whether the context tells the model where a sentence ends).
+Each listed class keeps its per-word means (``by_word``) in ``cxmi.json``.
+
+A checkpoint trained with its sentence-level path frozen
+(``--freeze-sentence-level``, read from the checkpoint's own arguments:
+:func:`sentence_level_frozen`) is the stage-1 model under the empty context,
+so CXMI against ``none`` measures the adapter it added, not context use:
+``cxmi.json`` flags it (``sentence_level_frozen``, ``co_primary:
+"shuffled"``), ``shuffled`` is measured for it where the split has two
+documents with context, and a note says so.
 """
 
 import argparse
@@ -110,7 +122,8 @@ CONDITIONS = COMPARED
 #: the word ``merge_words`` gives the end of a sentence
 EOS_WORD = "</s>"
 
-__all__ = ["CONDITIONS", "CXMIError", "batch_logprobs", "token_logprobs", "condition_dataset",
+__all__ = ["CONDITIONS", "CXMIError", "sentence_level_frozen", "checkpoint_sentence_level_frozen",
+           "batch_logprobs", "token_logprobs", "condition_dataset",
            "merge_words", "compute_cxmi", "write_outputs", "cli_main"]
 
 
@@ -139,6 +152,34 @@ def load(path: str, data: str, cuda: bool):
 def _spec(task) -> ContextSpec:
     """The checkpoint's context specification (a task without one: none)."""
     return task_options(task) or sentence_level()
+
+
+def sentence_level_frozen(cfg, model=None) -> bool:
+    """Whether the checkpoint was trained with its sentence-level path frozen
+    (``--freeze-sentence-level``: only the context parameters trained), read
+    from its own model arguments (``cfg.model``, else the model's ``args``).
+    Against the empty context such a model is its stage-1 sentence model, so
+    CXMI against ``none`` measures the adapter it added, not how it reads the
+    context; its co-primary figure is CXMI against shuffled context."""
+    for src in (cfg.get("model") if hasattr(cfg, "get") else getattr(cfg, "model", None),
+                getattr(model, "args", None), getattr(model, "cfg", None)):
+        if src is None:
+            continue
+        v = src.get("freeze_sentence_level", None) if hasattr(src, "get") and \
+            not isinstance(src, argparse.Namespace) else getattr(src, "freeze_sentence_level", None)
+        if v is not None:
+            return bool(v)
+    return False
+
+
+def checkpoint_sentence_level_frozen(path: str) -> bool:
+    """:func:`sentence_level_frozen` of a checkpoint file, read without
+    building the model (its stored ``cfg``, else its stored ``args``)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    cfg = state.get("cfg")
+    if cfg is None and state.get("args") is not None:
+        cfg = {"model": state["args"]}
+    return sentence_level_frozen(cfg or {})
 
 
 def _memory(task) -> bool:
@@ -585,30 +626,37 @@ def _class_groups(words, pc, table, word_doc, n_docs, seed):
     """One condition's mean P-CXMI per word class, with document-bootstrap
     intervals, beside the mean over all words (and the difference class -
     all words, on the same draws)."""
-    cls_of = np.array([table.get(normalise(r["word"]), "other") for r in words], dtype=object)
+    eos = np.array([r["word"] == EOS_WORD for r in words], dtype=bool)
+    cls_of = np.array([EOS_WORD if e else table.get(normalise(r["word"]), "other")
+                       for r, e in zip(words, eos)], dtype=object)
     flag = [r["in_previous_reference"] for r in words]
     halves = (np.array([f is True for f in flag]), np.array([f is False for f in flag]))
-    all_num, all_den = _per_doc(pc, word_doc, n_docs), \
-        _per_doc(np.ones(len(pc)), word_doc, n_docs)
+    # "all words": the reference's words, </s> (one per sentence, never a word
+    # of the text) left out and reported on its own line
+    word = ~eos
+    all_num, all_den = _per_doc(np.where(word, pc, 0.0), word_doc, n_docs), \
+        _per_doc(word.astype(np.float64), word_doc, n_docs)
     groups = collections.OrderedDict()
-    groups["all words"] = {"count": len(words), "mean_p_cxmi": float(pc.mean()),
-                           "interval": doc_bootstrap(all_num, all_den, seed=seed),
-                           "words": None}
-    groups["all words"].update(class_breakdown(
-        words, np.ones(len(words), dtype=bool), pc, "all words", halves))
-    for name in list(dict.fromkeys(table.values())) + ["other"]:
+    groups["all words"] = {"count": int(word.sum()),
+                           "mean_p_cxmi": float(pc[word].mean()) if word.any() else None,
+                           "interval": doc_bootstrap(all_num, all_den, seed=seed)
+                           if word.any() else None,
+                           "words": None, "excludes": EOS_WORD}
+    groups["all words"].update(class_breakdown(words, word, pc, "all words", halves))
+    all_mean = float(pc[word].mean()) if word.any() else 0.0
+    for name in list(dict.fromkeys(table.values())) + ["other", EOS_WORD]:
         m = cls_of == name
         num, den = _per_doc(np.where(m, pc, 0.0), word_doc, n_docs), \
             _per_doc(m.astype(np.float64), word_doc, n_docs)
         g = {"count": int(m.sum()),
              "mean_p_cxmi": float(pc[m].mean()) if m.any() else None,
              "interval": doc_bootstrap(num, den, seed=seed) if m.any() else None,
-             "minus_all_words": (float(pc[m].mean() - pc.mean()) if m.any() else None),
+             "minus_all_words": (float(pc[m].mean() - all_mean) if m.any() else None),
              "minus_all_words_interval": (doc_bootstrap(num, den, seed=seed,
                                                         minus=(all_num, all_den))
                                           if m.any() else None),
              "words": sorted({r["word"] for r, k in zip(words, m) if k})
-             if name != "other" else None}
+             if name not in ("other", EOS_WORD) else None}
         g.update(class_breakdown(words, m, pc, name, halves))
         groups[name] = g
     return groups
@@ -642,6 +690,15 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
     conditions, trained_k, n_size = _check_request(task, conditions, opts.context_size,
                                                    opts.curve)
     true_ds = condition_dataset(task, split, "true", n_size)
+    frozen = sentence_level_frozen(cfg, model)
+    frozen_note = None
+    if frozen and "shuffled" not in conditions:
+        try:  # its co-primary figure, measured where the split allows it
+            _check_shuffled(true_ds, split)
+            conditions.append("shuffled")
+        except CXMIError as err:
+            frozen_note = f"its co-primary figure, CXMI against shuffled context, is not " \
+                          f"measured here: {err}"
     if "shuffled" in conditions:
         _check_shuffled(true_ds, split)
     lp = {"true": token_logprobs(model, task, true_ds, opts.max_tokens, opts.batch_size)}
@@ -674,6 +731,14 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
     result["cxmi"] = result["none"]["cxmi"]
     result["cxmi_interval"] = result["none"]["interval"]
     notes = _distribution_notes(result, n_size, trained_k, spec.context_dropout)
+    result["sentence_level_frozen"] = frozen
+    result["co_primary"] = "shuffled" if frozen else None
+    if frozen:
+        notes.append("the checkpoint was trained with its sentence-level path frozen "
+                     "(--freeze-sentence-level): against the empty context it is the stage-1 "
+                     "model, so CXMI against none measures the adapter it added, not context "
+                     "use; CXMI against shuffled context is its co-primary figure"
+                     + (f" ({frozen_note})" if frozen_note else ""))
     result["conditions"] = conditions
     result["target"] = "reference tokens including </s> (teacher forcing); target context " \
                        "from the references"

@@ -23,7 +23,7 @@ def class_breakdown(words: List[Dict], m: np.ndarray, pc: np.ndarray, name: str,
     translations) from its context gains on the repeated words and loses on
     the others."""
     out = {}
-    if name not in ("other", "all words"):
+    if name not in ("other", "all words", "</s>"):
         by = collections.defaultdict(list)
         for r, v, k in zip(words, pc, m):
             if k:
