@@ -240,3 +240,62 @@ def test_a_long_document_with_a_frozen_memory_names_the_flag(precomputed):
     batches = memory_batches(ds, order, max_tokens=100)
     assert sorted(np.concatenate(batches).tolist()) == list(range(60))
     assert all(len(b) * 8 <= 100 for b in batches)  # own sentences: 6 words, </s>, +1
+
+
+@pytest.mark.parametrize("word_attn", ["softmax", "sparsemax"])
+def test_memory_on_the_accelerators_path_is_linear_in_the_document(word_attn):
+    """Peak live bytes (a dispatch-mode tracker) of the context layer's
+    forward and backward on the accelerator's path, the same 8 query
+    sentences of 6 tokens after 0, 500 and 1,000 memory sentences of 16
+    words: (P1000 - P0) / (P500 - P0) <= 2.1."""
+    from ctx_fairseq.cli.bench_trace import LiveBytes
+    from ctx_fairseq.modules.selective_attention import HierarchicalContextAttention
+
+    B, T, Lw, C, H = 8, 6, 16, 32, 4
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(T, B, C, generator=g)
+    keys_all = torch.randn(1000, Lw, C, generator=g)
+    peaks = {}
+    for n in (0, 500, 1000):
+        torch.manual_seed(0)
+        m = HierarchicalContextAttention(C, H, word_attn=word_attn)
+        keys, mask = keys_all[:n], torch.ones(n, Lw, dtype=torch.bool)
+        doc, pos = torch.zeros(n, dtype=torch.long), torch.arange(n)
+        qd, qp = torch.zeros(B, dtype=torch.long), torch.arange(n, n + B)
+        tracker = LiveBytes()
+        with accelerator_path(), tracker:
+            qq = q.clone().requires_grad_()
+            pm = m.project_memory(keys, keys, mask, doc, pos)
+            out, _ = m(qq, pm, qd, qp, True, query_groups=m.group_queries(pm, qd))
+            out.sum().backward()
+        peaks[n] = tracker.peak
+    assert peaks[500] > peaks[0]
+    ratio = (peaks[1000] - peaks[0]) / (peaks[500] - peaks[0])
+    assert ratio <= 2.1, (peaks, ratio)
+
+
+def test_bench_trace_counts_the_accelerators_step(capsys):
+    """``ctx-bench --trace`` (no GPU): one cold step of the paper's model on
+    the accelerator's path against the transformer, at a tiny shape: the
+    FLOPs per target token against the baseline's, the context layer's ops,
+    the word level's executed FLOPs against the work on the selected
+    sentences (at most the width classes' padding, 24 columns for sentences
+    of 20), and the share of visible sentences sparsemax selects."""
+    import json
+
+    from ctx_fairseq.cli.bench import cli_main
+
+    cli_main(["--trace", "--archs", "transformer_selective_doc[--memory-precomputed]",
+              "--layers", "1", "--embed-dim", "32", "--heads", "4", "--ffn-dim", "64",
+              "--vocab", "200", "--doc-len", "30", "--src-len", "20", "--tgt-len", "20",
+              "--max-tokens", "400", "--doc-batch", "last", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    base, sel = report["results"]
+    assert base["arch"] == "transformer" and base["context_layers"] == []
+    assert base["flops_ratio"] == 1.0 and sel["flops_ratio"] > 1.0
+    assert sel["memory_sentences"] >= 20
+    (layer,) = sel["context_layers"]
+    assert layer["aten_ops"] > 50 and layer["flops"] > 0
+    assert 1.0 <= layer["word_flops_ratio"] <= 24 / 19  # source sentences: 19 words
+    assert 0.0 < layer["selected_share"] < 1.0
+    assert sel["peak_live_gb"] > base["peak_live_gb"] > 0

@@ -7,14 +7,12 @@ grows linearly with the document; its attention dropout's backward is the
 gradient of its forward."""
 
 import contextlib
-import weakref
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from ctx_fairseq.cli.bench_trace import LiveBytes
 from ctx_fairseq.modules.cpu_shortcuts import accelerator_path
 from ctx_fairseq.modules.selective_attention import WORD_CAPACITY, HierarchicalContextAttention
 from ctx_fairseq.modules.word_attention import _StreamedWordAttention, tile_elems_for
@@ -404,33 +402,6 @@ def test_flops_are_the_documented_formula(mode):
     # (the memory is an input without gradient: its projections' backward is
     # their weights' gradient only)
     assert res[2 * Lw][1] - res[Lw][1] == 10 * per_word * Lw + proj
-
-
-class LiveBytes(TorchDispatchMode):
-    """Peak bytes of the tensors ops produce that are alive at once (a tensor
-    counts until its Python object is collected)."""
-
-    def __init__(self):
-        super().__init__()
-        self.live = self.peak = 0
-        self.held = {}
-
-    def _release(self, key):
-        self.live -= self.held.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                st = t.untyped_storage()
-                key = (st.data_ptr(), st.nbytes())
-                if key[1] == 0 or key in self.held:
-                    continue
-                self.held[key] = key[1]
-                self.live += key[1]
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(t, self._release, key)
-        return out
 
 
 @pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=["hierarchical", "flat-word"])

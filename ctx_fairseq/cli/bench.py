@@ -789,6 +789,11 @@ def get_parser() -> argparse.ArgumentParser:
                    help="measure at each of these --max-tokens in turn and report, per "
                         "architecture, training tokens/s, TFLOP/s and MFU at each, and the "
                         "batch from which it stops being host-bound")
+    p.add_argument("--trace", action="store_true",
+                   help="no timing: one cold training step per model on the accelerator's "
+                   "path, counted on the CPU (FLOPs per target token against the baseline, "
+                   "the context layer's aten ops, the selected sentences' word-level FLOPs "
+                   "against their work, peak live memory; ctx_fairseq.cli.bench_trace)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the arguments and build every model and the batch it would be "
                         "measured on (on the CPU, whatever --device and --fp16 say); run "
@@ -866,6 +871,18 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
     # which measures the baseline against itself (run-to-run noise).
     specs = [a.baseline] + specs
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if a.trace:
+        from ctx_fairseq.cli.bench_trace import format_trace, trace
+
+        if a.device != "cpu" or a.fp16 or sweep:
+            parser.error("--trace counts on the CPU in float32: no --device cuda, --fp16 or "
+                         "--sweep-max-tokens")
+        try:
+            report = trace(Bench(a), specs, log)
+        except ValueError as err:
+            parser.error(str(err))
+        print(json.dumps(report, indent=2) if a.json else format_trace(report))
+        return
     try:
         if sweep:
             report = run_sweep(a, specs, sweep, log)

@@ -174,7 +174,6 @@ class _SelectedWordAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, weight, index, word_mask, word_attn: str, chunk_elems: int,
                 p_drop: float, seed: int, want_nnz: bool):
         G, H, M, d = q.shape
-        L = k.size(2)
         dt = _compute_dtype(q)
         acc = torch.promote_types(q.dtype, torch.float32)
         pairs = _Pairs(weight, index, word_mask)  # (the one host read)

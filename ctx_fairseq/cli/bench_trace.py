@@ -1,0 +1,259 @@
+"""``ctx-bench --trace``: what one training step of a whole-document model
+costs on the accelerator's path, counted on the CPU (no GPU needed).
+
+Each ``--archs`` model and the ``--baseline`` are built and given their
+batch as ctx-bench builds them (the document task's own batching at
+``--max-tokens``, ``--doc-batch``), in float32, and one training step
+(forward, label-smoothed cross-entropy, backward) runs with the CPU's
+shortcuts off (:func:`ctx_fairseq.modules.cpu_shortcuts.accelerator_path`:
+what a GPU runs) and a frozen memory's cache emptied first (cold: the
+memory is encoded in the step, as in the first epoch). Reported per model:
+
+* ``step_flops`` and ``flops_per_target_token`` (forward and backward,
+  :class:`ctx_fairseq.flops.FlopCounter`), and ``flops_ratio``: per target
+  token, against the baseline's step;
+* ``peak_live_gb``: the step's peak of live tensors (:class:`LiveBytes`;
+  the gradients among them) plus the parameters and Adam's two moments
+  (float32);
+* per context layer (``context_layers``), its memory projection, forward and
+  backward run again alone on the inputs the step gave it: ``aten_ops``
+  (dispatched ops that launch a kernel: views and metadata ops are not
+  counted; a fused op counts once), ``flops``, and for the hierarchical word
+  level ``word_flops_executed`` (the selected sentences' forward and
+  backward) against ``word_flops_selected``, the work on the selected
+  sentences' real words (``14 w d`` per selected (query token, head,
+  sentence) of ``w`` words: 4 forward, 10 backward), and
+  ``selected_share``: the share of the visible (query token, head,
+  sentence) triples that Eq. 3's sparsemax gives a weight.
+"""
+
+import contextlib
+import weakref
+from typing import Dict, List
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["LiveBytes", "OpCounter", "trace"]
+
+aten = torch.ops.aten
+#: ops that launch no kernel (besides views): allocation and aliasing
+_NO_KERNEL = {aten.detach, aten.alias, aten.empty, aten.empty_strided, aten.lift_fresh,
+              aten._unsafe_view, aten.set_, aten.resize_}
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of the tensors ops produce that are alive at once (a
+    tensor counts until its Python object is collected; a storage once)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.held = {}
+
+    def _release(self, key):
+        self.live -= self.held.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                st = t.untyped_storage()
+                key = (st.data_ptr(), st.nbytes())
+                if key[1] == 0 or key in self.held:
+                    continue
+                self.held[key] = key[1]
+                self.live += key[1]
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._release, key)
+        return out
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched that launch a kernel (``total``;
+    ``by_op`` per op): views and :data:`_NO_KERNEL` are not counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+        self.by_op: Dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket not in _NO_KERNEL:
+            self.total += 1
+            name = func.overloadpacket.__name__
+            self.by_op[name] = self.by_op.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _detached(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().requires_grad_(x.requires_grad and x.is_floating_point())
+    return x
+
+
+class _Calls:
+    """Records the calls of the context layers' ``project_memory`` and
+    ``forward`` during a step (their inputs, detached), and of the selected
+    sentences' word level during a layer's re-run."""
+
+    def __init__(self):
+        self.layers: List[Dict] = []
+        self.words: List[tuple] = []
+
+    @contextlib.contextmanager
+    def recording(self):
+        from ctx_fairseq.modules import selective_attention as sa
+
+        cls = sa.DocumentContextLayer
+        proj, fwd, words = cls.project_memory, cls.forward, sa.selected_word_attention
+        calls = self
+
+        def project_memory(layer, *a, **k):
+            calls.layers.append({"layer": layer, "project": ([_detached(x) for x in a],
+                                                             {n: _detached(v) for n, v in
+                                                              k.items()})})
+            return proj(layer, *a, **k)
+
+        def forward(layer, r, memory, *a, **k):
+            calls.layers[-1]["forward"] = (_detached(r), [_detached(x) for x in a],
+                                           {n: _detached(v) for n, v in k.items()})
+            return fwd(layer, r, memory, *a, **k)
+
+        def selected(*a, **k):
+            calls.words.append(([_detached(x) for x in a], dict(k)))
+            return words(*a, **k)
+
+        cls.project_memory, cls.forward, sa.selected_word_attention = \
+            project_memory, forward, selected
+        try:
+            yield self
+        finally:
+            cls.project_memory, cls.forward, sa.selected_word_attention = proj, fwd, words
+
+
+def _layer_alone(call: Dict) -> Dict:
+    """One context layer's memory projection, forward and backward on the
+    inputs the step gave it: ops, FLOPs, and the word level's work."""
+    from ctx_fairseq.flops import FlopCounter
+
+    layer = call["layer"]
+    pa, pk = call["project"]
+    r, fa, fk = call["forward"]
+    with torch.no_grad():
+        out = layer(r, layer.project_memory(*pa, **pk), *fa, **fk)[0]
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(0), dtype=out.dtype)
+    ops, inner = OpCounter(), _Calls()  # (inner: the word level's calls of this run)
+    with inner.recording(), ops, FlopCounter() as flops:
+        out = layer(r, layer.project_memory(*pa, **pk), *fa, **fk)[0]
+        out.backward(grad)
+    row = {"aten_ops": ops.total, "flops": float(flops.total),
+           "ops_by_kind": dict(sorted(ops.by_op.items(), key=lambda x: -x[1])[:12])}
+    if inner.words:
+        row.update(_word_level(inner.words))
+    with torch.no_grad():
+        info = layer(r, layer.project_memory(*pa, **pk), *fa,
+                     **dict(fk, return_stats=True))[1]
+    if "visible_sentences_sum" in info:
+        row["selected_share"] = float(info["sentence_support_sum"]) / max(
+            1.0, float(info["visible_sentences_sum"]))
+    return row
+
+
+def _word_level(words: List[tuple]) -> Dict:
+    """Executed FLOPs of the selected sentences' word level (forward and
+    backward, run again alone) and the work on their real words."""
+    from ctx_fairseq.flops import FlopCounter
+    from ctx_fairseq.modules.selected_word_attention import selected_word_attention
+
+    executed = selected = 0.0
+    for args, kwargs in words:
+        q, k, v, weight, index, word_mask = args[:6]
+        x = [t.detach().requires_grad_() for t in (q, k, v, weight)]
+        with FlopCounter() as flops:
+            out, _ = selected_word_attention(*x, index, word_mask, *args[6:], **kwargs)
+            out.sum().backward()
+        executed += float(flops.total)
+        real = word_mask.sum(1)[index].to(torch.float64)  # G x J: each sentence's words
+        on = (weight != 0).to(torch.float64)
+        selected += 14.0 * q.size(-1) * float((on * real[:, None, None, :]).sum())
+    return {"word_flops_executed": executed, "word_flops_selected": selected,
+            "word_flops_ratio": executed / selected if selected else None}
+
+
+def _step(bench, entry, calls: _Calls) -> Dict:
+    """One cold training step under the counters; its context layers recorded."""
+    from ctx_fairseq.flops import FlopCounter
+
+    model, crit, sample = entry["model"], entry["crit"], entry["sample"]
+    if getattr(model, "memory_cache", None) is not None:
+        model.clear_memory_cache()  # cold: the memory is encoded in the step
+    model.train()
+    model.zero_grad(set_to_none=True)
+    live = LiveBytes()
+    with calls.recording(), live, FlopCounter() as flops:
+        loss, _, _ = crit(model, sample)
+        loss.backward()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    tokens = int(sample["target"].ne(entry["task"].target_dictionary.pad()).sum())
+    return {"step_flops": float(flops.total), "target_tokens": tokens,
+            "flops_per_target_token": float(flops.total) / tokens,
+            # the gradients are in the step's live tensors; Adam keeps two moments
+            "peak_live_gb": (live.peak + 3 * params) / 2 ** 30,
+            "batch_sentences": int(sample["nsentences"])}
+
+
+def trace(bench, specs: List[str], log=print) -> Dict:
+    """The ``--trace`` report over ``specs`` (the baseline first)."""
+    from fairseq.criterions.label_smoothed_cross_entropy import (
+        LabelSmoothedCrossEntropyCriterion,
+    )
+
+    from ctx_fairseq.cli.bench import memory_sentences, parse_spec
+    from ctx_fairseq.modules.cpu_shortcuts import accelerator_path
+
+    a = bench.args
+    rows = []
+    for label in specs:
+        arch, extra = parse_spec(label)
+        torch.manual_seed(a.seed)
+        model, task, margs = bench.build(arch, extra)
+        entry = {"model": model, "task": task, "sample": bench.sample(model, task, margs, a.seed),
+                 "crit": LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False,
+                                                            label_smoothing=0.1)}
+        calls = _Calls()
+        with accelerator_path():
+            row = {"arch": label, **_step(bench, entry, calls),
+                   "memory_sentences": memory_sentences(entry["sample"])}
+            row["context_layers"] = [_layer_alone(c) for c in list(calls.layers)
+                                     if "forward" in c]
+        rows.append(row)
+        log(f"ctx-bench --trace: {label}: {row['step_flops'] / 1e9:.1f} GFLOP, "
+            f"{row['target_tokens']} target tokens"
+            + "".join(f"; context layer: {c['aten_ops']} ops" for c in row["context_layers"]))
+        del model, entry
+    base = rows[0]["flops_per_target_token"]
+    for row in rows:
+        row["flops_ratio"] = row["flops_per_target_token"] / base
+    return {"mode": "trace", "device": "cpu (the accelerator's path)", "shape": bench.shape(),
+            "precision": "fp32", "results": rows}
+
+
+def format_trace(report: Dict) -> str:
+    """A Markdown table of :func:`trace`'s report."""
+    lines = ["| arch | batch sentences | memory sentences | target tokens | GFLOP/step | "
+             "FLOPs ratio | peak GB | context-layer ops | word FLOPs / selected | "
+             "selected share |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        layers = r["context_layers"]
+        ops = " + ".join(str(c["aten_ops"]) for c in layers) or "-"
+        wr = " + ".join(f"{c['word_flops_ratio']:.2f}" for c in layers
+                        if c.get("word_flops_ratio")) or "-"
+        share = " + ".join(f"{100 * c['selected_share']:.1f} %" for c in layers
+                           if "selected_share" in c) or "-"
+        lines.append(f"| `{r['arch']}` | {r['batch_sentences']} | {r['memory_sentences'] or '-'} "
+                     f"| {r['target_tokens']} | {r['step_flops'] / 1e9:.1f} | "
+                     f"{r['flops_ratio']:.3f} | {r['peak_live_gb']:.2f} | {ops} | {wr} | "
+                     f"{share} |")
+    return "\n".join(lines) + "\n"
