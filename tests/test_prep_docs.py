@@ -13,23 +13,9 @@ from ctx_fairseq.data.docids import read_docid_lines
 from fairseq_cli_utils import preprocess
 
 from prep_docs_utils import (
-    fail_nth_fdopen,
-    seg_in_iwslt,
-    SRC_DOCS,
-    TGT_DOCS,
-    xml_args,
-    xml_file,
-    IWSLT_SETS,
-    needs_iwslt,
-    iwslt,
-    read_lines,
-    read_text,
-    write,
-    run_cli,
-    out_files,
-    assert_error,
-    raw_xml_counts,
-)
+    IWSLT_SETS, SRC_DOCS, TGT_DOCS, assert_error, fail_nth_fdopen, iwslt, needs_iwslt,
+    out_files, raw_xml_counts, read_lines, read_text, run_cli, seg_in_iwslt, write, xml_args,
+    xml_file)
 
 
 # ---------------------------------------------------------------------------

@@ -7,17 +7,8 @@ from ctx_fairseq.prep import docs as pd
 from ctx_fairseq.data.docids import read_docid_lines
 
 from prep_docs_utils import (
-    fail_nth_fdopen,
-    TGT_DOCS,
-    xml_args,
-    xml_file,
-    read_lines,
-    read_text,
-    write,
-    run_cli,
-    out_files,
-    assert_error,
-)
+    TGT_DOCS, assert_error, fail_nth_fdopen, out_files, read_lines, read_text, run_cli, write,
+    xml_args, xml_file)
 
 
 # ---------------------------------------------------------------------------
