@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ctx_fairseq.cli import bench
+from ctx_fairseq.cli import bench, bench_specs
 from ctx_fairseq.cli.bench_report import step_time_fit
 
 TINY = ["--layers", "1", "--embed-dim", "16", "--heads", "2", "--ffn-dim", "32", "--vocab", "64",
@@ -83,8 +83,8 @@ def test_bad_input(capsys, argv, message):
 
 
 def test_split_specs_keeps_commas_inside_brackets():
-    assert bench.split_specs("a,b[--l 1,3],c") == ["a", "b[--l 1,3]", "c"]
-    assert bench.parse_spec("b[--l 1,3 --flag]") == ("b", ["--l", "1,3", "--flag"])
+    assert bench_specs.split_specs("a,b[--l 1,3],c") == ["a", "b[--l 1,3]", "c"]
+    assert bench_specs.parse_spec("b[--l 1,3 --flag]") == ("b", ["--l", "1,3", "--flag"])
 
 
 class _FakeAllocator:
@@ -448,7 +448,7 @@ def test_document_batch_is_one_the_task_forms():
             required_batch_size_multiple=margs.required_batch_size_multiple, seed=margs.seed,
             epoch=1, disable_iterator_cache=True)
         assert any(sorted(np.asarray(x).tolist()) == ids for x in itr.frozen_batches)
-        seen[memory] = (len(ids), bench.memory_sentences(sample))
+        seen[memory] = (len(ids), bench_specs.memory_sentences(sample))
     # the frozen memory counts against --max-tokens apart from the queries: fewer queries
     assert seen["frozen"][0] < seen["shared"][0], seen
 

@@ -98,12 +98,10 @@ import json
 import math
 import os
 import platform
-import re
-import shlex
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -113,38 +111,11 @@ from ctx_fairseq.cli.bench_memory import (
     CudaMemoryStats, cpu_step_peak_bytes, resident_bytes, step_peak_bytes)
 from ctx_fairseq.cli.bench_report import (
     format_markdown, format_table, sweep_summary)
+from ctx_fairseq.cli.bench_specs import memory_sentences, parse_spec, split_specs
 from ctx_fairseq.data.contract import sentence_level, task_options
 from ctx_fairseq.flops import device_peak_tflops, matmul_precision, mfu
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def split_specs(text: str) -> List[str]:
-    """Split ``a,b[--x 1,2],c`` at commas outside brackets."""
-    specs, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"--archs: unbalanced ']' in {text!r}")
-        if ch == "," and depth == 0:
-            specs.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if depth:
-        raise ValueError(f"--archs: unbalanced '[' in {text!r}")
-    specs.append(cur.strip())
-    return [s for s in specs if s]
-
-
-def parse_spec(spec: str) -> Tuple[str, List[str]]:
-    m = re.fullmatch(r"([A-Za-z0-9_.\-]+)(?:\[(.*)\])?", spec.strip())
-    if not m:
-        raise ValueError(f"--archs: cannot parse {spec!r}; expected ARCH or ARCH[--option value ...]")
-    return m.group(1), shlex.split(m.group(2) or "")
 
 
 def _inside(event, names) -> bool:
@@ -155,13 +126,6 @@ def _inside(event, names) -> bool:
             return True
         parent = parent.cpu_parent
     return False
-
-
-def memory_sentences(sample) -> Optional[int]:
-    """Sentences of a batch's document memory (``mem_src_tokens`` rows), None
-    for a model without one."""
-    mem = sample["net_input"].get("mem_src_tokens")
-    return int(mem.size(0)) if torch.is_tensor(mem) else None
 
 
 def _setting(arch: str, model) -> Optional[str]:
@@ -872,17 +836,9 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
     specs = [a.baseline] + specs
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     if a.trace:
-        from ctx_fairseq.cli.bench_trace import format_trace, trace
+        from ctx_fairseq.cli.bench_trace import trace_main
 
-        if a.device != "cpu" or a.fp16 or sweep:
-            parser.error("--trace counts on the CPU in float32: no --device cuda, --fp16 or "
-                         "--sweep-max-tokens")
-        try:
-            report = trace(Bench(a), specs, log)
-        except ValueError as err:
-            parser.error(str(err))
-        print(json.dumps(report, indent=2) if a.json else format_trace(report))
-        return
+        return trace_main(a, Bench(a), specs, parser, log)
     try:
         if sweep:
             report = run_sweep(a, specs, sweep, log)

@@ -28,6 +28,7 @@ memory is encoded in the step, as in the first epoch). Reported per model:
 """
 
 import contextlib
+import json
 import weakref
 from typing import Dict, List
 
@@ -35,7 +36,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["LiveBytes", "OpCounter", "trace"]
+__all__ = ["LiveBytes", "OpCounter", "trace", "trace_main", "format_trace"]
 
 aten = torch.ops.aten
 #: ops that launch no kernel (besides views): allocation and aliasing
@@ -210,7 +211,7 @@ def trace(bench, specs: List[str], log=print) -> Dict:
         LabelSmoothedCrossEntropyCriterion,
     )
 
-    from ctx_fairseq.cli.bench import memory_sentences, parse_spec
+    from ctx_fairseq.cli.bench_specs import memory_sentences, parse_spec
     from ctx_fairseq.modules.cpu_shortcuts import accelerator_path
 
     a = bench.args
@@ -257,3 +258,15 @@ def format_trace(report: Dict) -> str:
                      f"{r['flops_ratio']:.3f} | {r['peak_live_gb']:.2f} | {ops} | {wr} | "
                      f"{share} |")
     return "\n".join(lines) + "\n"
+
+
+def trace_main(a, bench, specs: List[str], parser, log) -> None:
+    """``ctx-bench --trace``'s run and output (``a``: ctx-bench's arguments)."""
+    if a.device != "cpu" or a.fp16 or a.sweep_max_tokens:
+        parser.error("--trace counts on the CPU in float32: no --device cuda, --fp16 or "
+                     "--sweep-max-tokens")
+    try:
+        report = trace(bench, specs, log)
+    except ValueError as err:
+        parser.error(str(err))
+    print(json.dumps(report, indent=2) if a.json else format_trace(report))
