@@ -59,11 +59,22 @@ def _sgm(path, setid, docs_by_ref):
         f.write("</refset>\n")
 
 
-def write_tvsub(root, episodes=12, lines=30, dev=(9, 12), test=(10, 8), test_refs=3, seed=0):
+def _dp_line(zh, en):
+    """The +DP line of a pair: the dropped subject pronoun restored (the
+    English opens with he/she, the Chinese has no pronoun)."""
+    first = en.split()[0]
+    if first in ("he", "she") and not zh.startswith(("他", "她")):
+        return ("他 " if first == "he" else "她 ") + zh
+    return zh
+
+
+def write_tvsub(root, episodes=12, lines=30, dev=(9, 12), test=(10, 8), test_refs=3, seed=0,
+                dp=False):
     """A tiny corpus in the TVsub repository's layout under ROOT: training
     episodes 0..episodes-1 (tokenized and raw files), dev (two documents, one
     reference, sysid E01) and, with test_refs > 0, test (two documents,
-    test_refs references reference_1...)."""
+    test_refs references reference_1...). ``dp``: also each split's
+    ``{split}_oracle_dp_src``, the dropped subject pronouns restored."""
     rng = random.Random(seed)
     tr = os.path.join(root, "data", "orignal", "train", "separated")
     os.makedirs(tr, exist_ok=True)
@@ -83,6 +94,9 @@ def write_tvsub(root, episodes=12, lines=30, dev=(9, 12), test=(10, 8), test_ref
         docs = [(f"SUB0{i + 1}", _sentences(rng, k)) for i, k in enumerate(sizes)]
         with open(os.path.join(d, f"{split}_src"), "w", encoding="utf-8") as f:
             f.write("".join(zh + "\n" for _, p in docs for zh, _ in p))
+        if dp:
+            with open(os.path.join(d, f"{split}_oracle_dp_src"), "w", encoding="utf-8") as f:
+                f.write("".join(_dp_line(zh, en) + "\n" for _, p in docs for zh, en in p))
         refs = {}
         for r in range(nrefs):
             name = sysid or f"reference_{r + 1}"
@@ -528,6 +542,81 @@ def test_smoke_end_to_end(tmp_path):
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert not re.search(r"\] step \w", r2.stderr), r2.stderr[-2000:]
 
+
+
+@pytest.mark.slow
+def test_smoke_dropped_pronoun_steps(tmp_path):
+    """The dropped-pronoun steps end to end on tiny episodes without a test
+    set (dev's second episode reported, its first choosing the checkpoints)
+    and with a +DP source: ctx-dp-eval per model, the suite built once and
+    scored with the recipe's BPE (true and shuffled context for the context
+    models), ctx-cxmi on the test split for the pronouns of its DP sentences,
+    the paired DP comparison against the transformer, the provenance of each
+    checkpoint, and results.md's new tables; zhang2018 (its sentence level
+    frozen) flagged from its checkpoint with shuffled as co-primary; a re-run
+    skips every step; a work directory whose input lost its +DP source skips
+    the new steps with a log line."""
+    root = write_tvsub(str(tmp_path / "tvsub"), episodes=16, test_refs=0, dev=(9, 14), dp=True)
+    work = tmp_path / "w"
+    env = {"OMP_NUM_THREADS": "1", "MODELS": "transformer context_aware zhang2018",
+           "HELDOUT": "12:16", "SAMPLE_CONTEXT": "1", "DOC_UPDATES": "3", "SENT_UPDATES": "20"}
+    r = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
+    assert r.returncode == 0, r.stderr[-5000:]
+    smoke = work / "smoke"
+    res = json.loads((smoke / "results" / "results.json").read_text())
+    assert res["eval_split"] == "dev-episodes"
+    models = ["sentence", "transformer", "context_aware", "zhang2018"]
+    assert list(res["models"]) == models
+    suite = [json.loads(x) for x in (smoke / "results" / "dp_suite.jsonl").read_text().splitlines()]
+    assert suite and all(rec["doc_id"] == "dev-SUB02" for rec in suite)
+    for m in models:
+        row = res["models"][m]
+        c = row["checkpoint"]
+        assert c["checkpoint"] == f"$WORK/checkpoints/{m}/checkpoint_best.pt", c
+        assert c["chosen_on"] == "dev-SUB01" and c["reported_on"] == "dev-SUB02", c
+        assert isinstance(c["num_updates"], int) and c["num_updates"] > 0, c
+        assert c["reported_on_chosen_set"] is False
+        assert c["sentence_level_frozen"] is (m == "zhang2018"), (m, c)
+        dp = row["dp"]
+        assert dp["items"] > 0 and 0 <= dp["recall"] <= 1 and dp["dp_sentences"] > 0, (m, dp)
+        assert set(dp["by_class"]) >= {"3sg-m", "3sg-f"}
+        runs = row["contrastive"]
+        assert set(runs) == ({"true"} if m in ("sentence", "transformer")
+                             else {"true", "shuffled"}), (m, runs)
+        assert runs["true"]["items"]["n"] == sum(len({(s["class"], s["token_index"])
+                                                      for s in rec["swaps"]}) for rec in suite)
+        if m == "transformer":
+            assert "dp_paired" not in row
+        else:
+            pv = row["dp_paired"]["all"]
+            assert pv["items"] == dp["items"] and 0 <= pv["mcnemar_p"] <= 1, (m, pv)
+    for m in ("context_aware", "zhang2018"):
+        row = res["models"][m]
+        # the test split (one document): the pronouns of its DP sentences against none
+        pd = row["p_cxmi_dp"]["none"]
+        assert pd["dp_sentences"]["count"] > 0, (m, pd)
+        assert row["p_cxmi_words"]["count"] > 0 and row["p_cxmi_eos"]["count"] > 0
+        cx = json.loads((smoke / "results" / m / "cxmi" / "cxmi.json").read_text())
+        assert cx["word_classes"]["none"]["</s>"]["count"] == cx["sentences"]
+        assert (smoke / "commands" / f"{m}.ctx-cxmi.test.sh").exists()
+        assert "--context-ablation shuffled" in row["commands"]["ctx-score-contrastive.shuffled"]
+        assert "--bpe subword_nmt" in row["commands"]["ctx-score-contrastive"]
+    assert res["models"]["zhang2018"]["cxmi_co_primary"] == "shuffled"
+    assert res["models"]["context_aware"]["cxmi_co_primary"] is None
+    md = (smoke / "results" / "results.md").read_text()
+    assert "chosen on dev-SUB01; reported on dev-SUB02." in md
+    assert "## Dropped pronouns" in md and "## Which checkpoint each result is of" in md
+    assert "| zhang2018 | yes | empty and shuffled (co-primary) |" in md
+    r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert not re.search(r"\] step \w", r2.stderr), r2.stderr[-2000:]
+    # an input without the +DP source: the new steps are skipped, said so
+    bare = write_tvsub(str(tmp_path / "bare"), episodes=16, test_refs=0, dev=(9, 14))
+    env3 = dict(env, MODELS="transformer")
+    r3 = run(["--smoke", "--raw", bare, "--workdir", str(tmp_path / "b")], env=env3)
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    assert "the dropped-pronoun steps (dp_*, dpsuite" in r3.stderr
+    assert not (tmp_path / "b" / "smoke" / "results" / "transformer" / "dp.json").exists()
 
 
 def test_smoke_killed_during_training_resumes(tmp_path):

@@ -21,6 +21,20 @@ run.sh) and of the run (``WORK/commands/run.sh``). A model without results
 yet is listed as such (nothing is made up). No path of the machine that ran
 it: a path under WORK is written ``$WORK/...``, one under the repository
 relative to its root (:func:`portable_paths`).
+
+The dropped pronouns (issue 38; the steps after the others, where the test
+split has a +DP source): DP recall (overall, without ``3sg-n``, per class)
+and pronoun precision (all sentences, sentences without a restored pronoun)
+of ``ctx-dp-eval`` (``results/M/dp.json``), its McNemar test and paired
+bootstrap against the transformer (``dp_paired.json``), the contrastive
+suite's accuracy with the true and with shuffled context by class and swap
+kind (``dp_suite/report.json``), the P-CXMI of the English pronouns of the
+test split's sentences with a restored pronoun (``cxmi_test/tokens.jsonl``:
+the sentences from ctx-dp-eval's alignment), and per model the checkpoint
+scored, its update and how it was chosen (``checkpoint.json``, written by
+``report.py checkpoint WORK CKPT``, the ``provenance_M`` step).
+
+    python report.py checkpoint WORK CKPT
 """
 
 import json
@@ -39,7 +53,8 @@ ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (contin
 #: the tools whose exact command lines run.sh records (WORK/commands/NAME.TOOL.sh)
 TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode",
          "fairseq-generate.heldout", "ctx-iterative-decode.heldout", "ctx-cxmi",
-         "fairseq-validate")
+         "fairseq-validate", "ctx-cxmi.test", "ctx-score-contrastive",
+         "ctx-score-contrastive.shuffled")
 SENTENCE_LEVEL = {"sentence", "transformer", "dc", "hybrid"}
 #: the repository's root (this file is recipes/tvsub_zh_en/report.py)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -180,11 +195,157 @@ def collect(work, mode, models):
                     "documents": (pj["documents"] or {}).get("segments"),
                     "note": (pj["documents"] or {}).get("note"),
                     "signature": pj["sentences"]["signature"]}
+        row["checkpoint"] = _load(os.path.join(d, "checkpoint.json"))
+        if isinstance(row.get("cxmi"), float):
+            frozen = cx.get("sentence_level_frozen")
+            if frozen is None and row["checkpoint"]:
+                frozen = row["checkpoint"].get("sentence_level_frozen")
+            row["sentence_level_frozen"] = frozen
+            row["cxmi_co_primary"] = "shuffled" if frozen else None
+            row.update(_eos_split(cx, os.path.join(d, "cxmi", "tokens.jsonl")))
+        row.update(dp_fields(work, m))
         row["gate_dev"] = _gate(os.path.join(d, "gate.log"))
         row["budget"] = _load(os.path.join(d, "budget.json"))
         row.update(_train_stats(work, m))
         out["models"][m] = row
     return out
+
+
+def read_tokens(path):
+    """ctx-cxmi's tokens.jsonl records (None: no file)."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+def _mean_of(words, cond, keep):
+    vals = [r["p_cxmi"][cond] for r in words if keep(r) and cond in r["p_cxmi"]]
+    return {"count": len(vals), "mean_p_cxmi": (sum(vals) / len(vals)) if vals else None}
+
+
+def _eos_split(cx, tokens_path):
+    """P-CXMI over all words without ``</s>`` and of ``</s>`` alone (against
+    the empty context): cxmi.json's groups where it has them (ctx-cxmi since
+    issue 38), else from its tokens.jsonl (an earlier cxmi.json counts ``</s>``
+    among all words)."""
+    wc = (cx.get("word_classes") or {}).get("none") or {}
+    if "</s>" in wc and wc.get("all words", {}).get("excludes") == "</s>":
+        return {"p_cxmi_words": {k: wc["all words"][k] for k in ("count", "mean_p_cxmi")},
+                "p_cxmi_eos": {k: wc["</s>"][k] for k in ("count", "mean_p_cxmi")}}
+    words = read_tokens(tokens_path)
+    if not words:
+        return {}
+    return {"p_cxmi_words": _mean_of(words, "none", lambda r: r["word"] != "</s>"),
+            "p_cxmi_eos": _mean_of(words, "none", lambda r: r["word"] == "</s>")}
+
+
+def dp_sentences(work):
+    """Per line of the test split: does the +DP source restore a pronoun
+    there (ctx-dp-eval's alignment; a line it skips counts as none)? None
+    without docs/test.dp.zh."""
+    src, dp = os.path.join(work, "docs", "test.zh"), os.path.join(work, "docs", "test.dp.zh")
+    if not os.path.exists(dp):
+        return None
+    from ctx_fairseq.eval.pronouns.dp_eval import analyse_sources
+
+    _, alignments, _, _ = analyse_sources(src, dp)
+    return [a is not None and sum(a.dropped().values()) > 0 for a in alignments]
+
+
+def is_pronoun(word):
+    """An English personal pronoun (ctx-dp-eval's forms) as ctx-cxmi's
+    BPE-merged reference word."""
+    from ctx_fairseq.eval.pronouns.dropped import EN_CLASSES, english_words
+
+    w = english_words(word)
+    return len(w) == 1 and w[0] in EN_CLASSES
+
+
+def dp_pcxmi(words, dp):
+    """P-CXMI (per condition) of the English pronouns of the sentences with a
+    restored pronoun, and of the other sentences' pronouns beside it."""
+    conds = list(words[0]["p_cxmi"]) if words else []
+    out = {}
+    for c in conds:
+        out[c] = {
+            "dp_sentences": _mean_of(words, c, lambda r: dp[r["sentence"]] and is_pronoun(r["word"])),
+            "other_sentences": _mean_of(words, c, lambda r: not dp[r["sentence"]]
+                                        and is_pronoun(r["word"]))}
+    return out
+
+
+def dp_fields(work, m, dp_mask=None):
+    """The dropped-pronoun figures of model ``m`` (module docstring); {} when
+    none were measured."""
+    d = os.path.join(work, "results", m)
+    row = {}
+    dp = _load(os.path.join(d, "dp.json"))
+    if dp:
+        row["dp"] = {k: dp.get(k) for k in (
+            "recall", "recall_interval", "recall_without_neuter", "recall_without_neuter_interval",
+            "precision_all", "precision_all_interval", "precision_non_dp",
+            "precision_non_dp_interval", "items", "dp_sentences", "scored_sentences",
+            "skipped")}
+        row["dp"]["by_class"] = {c: {"items": v["items"], "recall": v["recall"],
+                                     "recall_interval": v["recall_interval"]}
+                                 for c, v in dp["by_class"].items()}
+    pj = _load(os.path.join(d, "dp_paired.json"))
+    if pj:
+        row["dp_paired"] = {k: {"mcnemar_p": v["mcnemar_p"], "only_transformer": v["only_a"],
+                                "only_model": v["only_b"], "items": v["items"],
+                                "recall_delta": v["paired_bootstrap"]["delta"],
+                                "recall_delta_interval": v["paired_bootstrap"]["interval"],
+                                "bootstrap_p": v["paired_bootstrap"]["p_value"]}
+                            for k, v in pj["comparison"].items()}
+    sr = _load(os.path.join(d, "dp_suite", "report.json"))
+    if sr:
+        runs = {}
+        for r in sr["runs"]:
+            name = os.path.basename(r["scores"])[len("contrastive_"):-len(".json")]
+            runs[name] = {"items": r["items"], "by_class": r["by_class"],
+                          "by_kind": r["by_kind"]}
+        row["contrastive"] = runs
+    words = read_tokens(os.path.join(d, "cxmi_test", "tokens.jsonl"))
+    if words:
+        mask = dp_mask if dp_mask is not None else dp_sentences(work)
+        if mask is not None:
+            row["p_cxmi_dp"] = dp_pcxmi(words, mask)
+    return row
+
+
+def checkpoint_info(work, path):
+    """The scored checkpoint: its file, update number, validation loss, the
+    metric and split it was chosen on (prep.json), and whether its
+    sentence-level path is frozen (its own arguments)."""
+    import torch
+
+    from ctx_fairseq.eval.context_use.cxmi import sentence_level_frozen
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    cfg = state.get("cfg") or {}
+    if not cfg and state.get("args") is not None:
+        cfg = {"model": state["args"]}
+    hist = state.get("optimizer_history") or [{}]
+    extra = state.get("extra_state") or {}
+
+    def opt(group, key):
+        g = cfg.get(group) if hasattr(cfg, "get") else None
+        return None if g is None else g.get(key) if hasattr(g, "get") else getattr(g, key, None)
+
+    prep = _load(os.path.join(work, "docs", "prep.json")) or {}
+    best = os.path.basename(path) == "checkpoint_best.pt"
+    valid_docs = ", ".join(prep.get("valid", {}).get("documents") or []) or "valid"
+    test_docs = ", ".join(prep.get("test", {}).get("documents") or []) or "test"
+    chosen = (f"{os.path.basename(path)}: the lowest {opt('checkpoint', 'best_checkpoint_metric') or 'loss'} "
+              f"on {prep.get('checkpoint_chosen_on') or valid_docs}") if best else \
+        f"{os.path.basename(path)}: the last checkpoint (no validation: not chosen on any split)"
+    return {"checkpoint": portable_paths(path, work), "num_updates": hist[-1].get("num_updates"),
+            "val_loss": extra.get("val_loss"), "best_checkpoint_metric":
+            opt("checkpoint", "best_checkpoint_metric"), "valid_subset": opt("dataset", "valid_subset"),
+            "chosen": chosen, "chosen_on": valid_docs if best else None, "reported_on": test_docs,
+            "reported_on_chosen_set": prep.get("reported_on_chosen_set"),
+            "sentence_level_frozen": sentence_level_frozen(cfg)}
 
 
 def _lines(path):
@@ -289,6 +450,146 @@ def _pronoun_lines(res):
     return lines
 
 
+def _pc(v):
+    return "-" if v is None else f"{100 * v:.1f}"
+
+
+def _pciv(v, iv):
+    return _pc(v) + ("" if not iv else f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]")
+
+
+def _m(g):
+    return "-" if not g or g.get("mean_p_cxmi") is None else \
+        f"{g['mean_p_cxmi']:.4f} ({g['count']})"
+
+
+def _cxmi_words_lines(res):
+    """CXMI's headline with its co-primary figure, P-CXMI over the words
+    without </s> and of </s>, and on the test split's DP sentences."""
+    rows = [(m, r) for m, r in res["models"].items() if isinstance(r.get("cxmi"), float)]
+    if not rows:
+        return []
+    lines = ["", "## CXMI: the figure to read, words and </s>, the sentences with a dropped "
+             "pronoun", "",
+             "| model | sentence level frozen | primary | CXMI vs empty | CXMI vs shuffled "
+             "| P-CXMI all words without </s> (count) | P-CXMI of </s> (count) "
+             "| test split: pronoun P-CXMI in DP sentences (count) | in the other sentences "
+             "(count) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for m, r in rows:
+        frozen = r.get("sentence_level_frozen")
+        primary = "empty and shuffled (co-primary)" if frozen else "empty"
+        dpx = (r.get("p_cxmi_dp") or {}).get("none") or {}
+        sh = r.get("cxmi_shuffled")
+        lines.append(f"| {m} | {'-' if frozen is None else ('yes' if frozen else 'no')} "
+                     f"| {primary} | {r['cxmi']:.4f} | {'-' if sh is None else f'{sh:.4f}'} "
+                     f"| {_m(r.get('p_cxmi_words'))} | {_m(r.get('p_cxmi_eos'))} "
+                     f"| {_m(dpx.get('dp_sentences'))} | {_m(dpx.get('other_sentences'))} |")
+    lines += ["", "All words: the reference's words without the end of sentence (one `</s>` "
+              "per sentence, never a word of the text, on its own column). A model whose "
+              "sentence-level path is frozen (`--freeze-sentence-level`, read from the "
+              "checkpoint's own arguments) is its stage-1 model under the empty context: "
+              "CXMI against the empty context measures the adapter it added, not context use, "
+              "so CXMI against shuffled context is its co-primary figure. DP sentences: the "
+              "test split's sentences where the +DP source restores a pronoun (ctx-dp-eval's "
+              "alignment); pronoun P-CXMI: the English personal pronouns of their reference "
+              "(ctx-cxmi on the test split, `cxmi_test`, against the empty context; one "
+              "document: no document interval, see results-dp.md of dp_study.sh for intervals "
+              "over seeds and sentences)."]
+    return lines
+
+
+def dp_lines(res):
+    """The dropped-pronoun tables (ctx-dp-eval, ctx-dp-suite)."""
+    rows = [(m, r) for m, r in res["models"].items() if r.get("dp") or r.get("contrastive")]
+    if not rows:
+        return []
+    lines = ["", "## Dropped pronouns (the test split's +DP source)", "",
+             "| model | BLEU (all refs) | DP recall % [95%] | without 3sg-n % [95%] "
+             "| pronoun precision % [95%] | precision, non-DP sentences % [95%] "
+             "| contrastive: items % true / shuffled context | person 1/2 swaps % true / "
+             "shuffled | vs transformer: recall delta [95%], bootstrap p, McNemar p "
+             "(only transformer / only model) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def acc(r, run, key, sub=None):
+        g = (r.get("contrastive") or {}).get(run)
+        if not g:
+            return "-"
+        g = g[key] if sub is None else g[key].get(sub)
+        return "-" if not g or g.get("accuracy") is None else f"{100 * g['accuracy']:.1f}"
+
+    classes = []
+    for m, r in rows:
+        dp = r.get("dp") or {}
+        for c in (dp.get("by_class") or {}):
+            if c not in classes:
+                classes.append(c)
+        pv = (r.get("dp_paired") or {}).get("all")
+        vs = "-" if m == "transformer" else "not yet"
+        if pv:
+            iv = pv["recall_delta_interval"]
+            vs = (f"{_pc(pv['recall_delta'])}"
+                  + ("" if not iv else f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]")
+                  + f", p {_p(pv['bootstrap_p'])}, McNemar p {_p(pv['mcnemar_p'])} "
+                  f"({pv['only_transformer']} / {pv['only_model']})")
+        lines.append(
+            f"| {m} | {_fmt(r.get('bleu_all_refs'))} "
+            f"| {_pciv(dp.get('recall'), dp.get('recall_interval'))} "
+            f"| {_pciv(dp.get('recall_without_neuter'), dp.get('recall_without_neuter_interval'))} "
+            f"| {_pciv(dp.get('precision_all'), dp.get('precision_all_interval'))} "
+            f"| {_pciv(dp.get('precision_non_dp'), dp.get('precision_non_dp_interval'))} "
+            f"| {acc(r, 'true', 'items')} / {acc(r, 'shuffled', 'items')} "
+            f"| {acc(r, 'true', 'by_kind', 'person-1/2')} / "
+            f"{acc(r, 'shuffled', 'by_kind', 'person-1/2')} | {vs} |")
+    first = next((r["dp"] for _, r in rows if r.get("dp")), None)
+    if first:
+        lines += ["", f"{first['items']} items (restored pronouns a reference supports) in "
+                  f"{first['dp_sentences']} sentences with a restored pronoun, of "
+                  f"{first['scored_sentences']} scored ({first['skipped']} skipped: the +DP "
+                  "line does not hold the plain line)."]
+    lines += ["", "Per class: DP recall % (items) and contrastive accuracy % of the items, "
+              "true / shuffled context:", "",
+              "| model | " + " | ".join(classes) + " |", "|---|" + "---:|" * len(classes)]
+    for m, r in rows:
+        cells = []
+        for c in classes:
+            v = ((r.get("dp") or {}).get("by_class") or {}).get(c) or {}
+            cells.append(f"{_pc(v.get('recall'))} ({v.get('items', 0)}); "
+                         f"{acc(r, 'true', 'by_class', c)} / {acc(r, 'shuffled', 'by_class', c)}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += ["", "DP recall (ctx-dp-eval): of the pronouns the +DP source restores and a "
+              "reference supports, the share the translation renders (beyond the source's "
+              "overt pronouns of the class); without 3sg-n: the restored *it* left out (an "
+              "expletive *it* makes it nearly free). Precision: the translation's pronouns "
+              "clipped by the references' (all sentences; the sentences without a restored "
+              "pronoun). Intervals: percentile bootstrap over the sentences of this one run "
+              "(the spread across training seeds is in dp_study.sh's results-dp.md). "
+              "Contrastive (ctx-dp-suite, scored by ctx-score-contrastive with the recipe's "
+              "BPE): an item is right when the reference scores above every swapped pronoun; "
+              "true context and shuffled context (another document position's: the scorer's "
+              "wrong context); sentence-level models have one run (no context). Against the "
+              "transformer: ctx-dp-eval's paired bootstrap of the recall difference (model "
+              "minus transformer) over sentences and its exact McNemar test on the items."]
+    return lines
+
+
+def _checkpoint_lines(res):
+    rows = [(m, r["checkpoint"]) for m, r in res["models"].items() if r.get("checkpoint")]
+    if not rows:
+        return []
+    lines = ["", "## Which checkpoint each result is of", "",
+             "| model | checkpoint | update | valid loss | chosen | reported on |",
+             "|---|---|---:|---:|---|---|"]
+    for m, c in rows:
+        vl = c.get("val_loss")
+        lines.append(f"| {m} | `{c['checkpoint']}` | {_fmt(c.get('num_updates'))} "
+                     f"| {'-' if vl is None else f'{vl:.4f}'} | {c['chosen']} "
+                     f"| {c['reported_on']}"
+                     + (" (the set it was chosen on: not a held-out figure)"
+                        if c.get("reported_on_chosen_set") else "") + " |")
+    return lines
+
+
 #: a number as fairseq prints it in its validation line
 def _gate(path):
     """The gate statistics of fairseq-validate's line (ctx_mass*: the share
@@ -323,13 +624,23 @@ def _fmt(v, nd=2):
     return str(v)
 
 
+def _chosen_line(res):
+    c = next((r["checkpoint"] for r in res["models"].values() if r.get("checkpoint")), None)
+    if not c or not c.get("chosen_on"):
+        return ""
+    return (f" Checkpoints: checkpoint_best.pt, the lowest validation loss, chosen on "
+            f"{c['chosen_on']}; reported on {c['reported_on']}"
+            + (" (the same set: not a held-out figure)." if c.get("reported_on_chosen_set")
+               else "."))
+
+
 def markdown(res):
     t = res["test"]
     lines = [f"# TVsub zh-en results ({res['mode']} mode"
              + (": tiny models, meaningless numbers" if res["mode"] == "smoke" else "") + ")", "",
              f"Evaluated on the **{res['eval_split']}** set: {t['sentences']} sentences, "
              f"{t['references']} reference(s) ({', '.join(t['sysids'] or [])}), documents "
-             f"{', '.join(t['documents'] or [])}.", "",
+             f"{', '.join(t['documents'] or [])}." + _chosen_line(res), "",
              "| model | architecture | BLEU (all refs) [p] | BLEU (first ref) | d-BLEU (all refs) "
              "| d-BLEU (first ref, ctx-doc-bleu) | held-out BLEU [p sent., p docs] | held-out d-BLEU "
              "| CXMI vs empty [95% doc. interval] | CXMI vs shuffled | pronoun P-CXMI [interval] / "
@@ -402,6 +713,9 @@ def markdown(res):
                      f"Eq. 3 support exceeded --doc-word-capacity: {v:g} (0: the word level "
                      "was exact throughout training).")
     lines += _pronoun_lines(res)
+    lines += _cxmi_words_lines(res)
+    lines += dp_lines(res)
+    lines += _checkpoint_lines(res)
     lines += ["", "## Commands", "",
               "The recipe (from the repository's root):", "",
               "```", res.get("command") or "(not recorded)", "```", "",
@@ -420,6 +734,9 @@ def markdown(res):
 
 
 def main(argv):
+    if argv[0] == "checkpoint":
+        sys.stdout.write(json.dumps(checkpoint_info(argv[1], argv[2]), indent=1) + "\n")
+        return
     kind, work, mode, models = argv[0], argv[1], argv[2], argv[3:]
     res = collect(work, mode, models)
     if kind == "json":

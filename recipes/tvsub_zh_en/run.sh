@@ -348,9 +348,13 @@ record_command() {
     [ -n "$dir" ] || return 0
     name=$(basename "$dir")
     # the held-out split's translation beside the test split's (not over it);
-    # ctx-cxmi only ever scores the held-out split, so its name stays
+    # ctx-cxmi of cxmi_NAME keeps its name (the held-out split, or the test split without
+    # HELDOUT), the test split's of cxmitest_NAME is .test; a contrastive run with shuffled
+    # context is .shuffled
     case "$tool: $* " in
+        ctx-cxmi:*"/cxmi_test "*) tool="$tool.test" ;;  # the test split's (cxmitest_NAME)
         ctx-cxmi:*) ;;
+        ctx-score-contrastive:*" --context-ablation shuffled "*) tool="$tool.shuffled" ;;
         *" $WORK/data-heldout "*) tool="$tool.heldout" ;;
     esac
     mkdir -p "$WORK/commands"
@@ -365,6 +369,7 @@ fairseq-generate() { record_command fairseq-generate "$@"; command fairseq-gener
 ctx-iterative-decode() { record_command ctx-iterative-decode "$@"; command ctx-iterative-decode "$@"; }
 ctx-cxmi() { record_command ctx-cxmi "$@"; command ctx-cxmi "$@"; }
 fairseq-validate() { record_command fairseq-validate "$@"; command fairseq-validate "$@"; }
+ctx-score-contrastive() { record_command ctx-score-contrastive "$@"; command ctx-score-contrastive "$@"; }
 
 # fairseq-train's peak resident memory: the shared train() runs
 # `fairseq-train`; this function measures it with GNU time into
@@ -462,6 +467,7 @@ score_heldout() {
 # split (sentences and documents) into results/NAME/paired_heldout.json
 paired_model() {
     local name=$1 refs=()
+    # shellcheck disable=SC2012  # the recipe's own file names
     mapfile -t refs < <(ls "$WORK/docs/"test.ref[0-9]*."$L2" | sort)
     ctx_logged "$WORK/results/$name/paired_test.log" "$PY" -m ctx_fairseq.eval.scoring.significance \
         --generate --baseline "$WORK/generate/transformer.txt" --system "$WORK/generate/$name.txt" \
@@ -526,6 +532,99 @@ cxmi_model() {
     ctx_logged "$WORK/results/$name/cxmi.log" ctx-cxmi --path "$(best_checkpoint "$WORK/checkpoints/$name")" \
         --data "$WORK/data-heldout" --split test --out "$WORK/results/$name/cxmi" \
         --conditions none,shuffled --max-tokens "$max_tokens" --lang "$L2" --cpu "${extra[@]}"
+}
+
+# ---------------------------------------------------------------- dropped pronouns
+# (issue 38; the steps after every other, additive: the +DP source of the test
+# split, docs/test.dp.zh, written by prep where the input has one)
+
+# tvsub_refs: the test split's references, one a line, in order
+tvsub_refs() { printf '%s\n' "$WORK/docs/"test.ref[0-9]*."$L2" | sort; }
+
+# provenance_model NAME: the scored checkpoint (best_checkpoint), its update
+# number, its validation loss and the split it was chosen on (prep.json) into
+# results/NAME/checkpoint.json (report.py checkpoint)
+provenance_model() {
+    local name=$1
+    mkdir -p "$WORK/results/$name"
+    atomic "$WORK/results/$name/checkpoint.json" "$PY" "$HERE/report.py" checkpoint "$WORK" \
+        "$(best_checkpoint "$WORK/checkpoints/$name")"
+}
+
+# dp_model NAME: ctx-dp-eval of NAME's test translation against the +DP
+# source (recall of the restored pronouns, pronoun precision, intervals over
+# sentences) into results/NAME/dp.json and dp.log
+dp_model() {
+    local name=$1 refs=()
+    mapfile -t refs < <(tvsub_refs)
+    ctx_logged "$WORK/results/$name/dp.log" ctx-dp-eval --source "$WORK/docs/test.zh" \
+        --dp-source "$WORK/docs/test.dp.zh" --refs "${refs[@]}" --hyp "$WORK/generate/$name.txt" \
+        --json "$WORK/results/$name/dp.json"
+}
+
+# dp_paired_model NAME: ctx-dp-eval of the transformer (A) against NAME (B):
+# McNemar on the items and the paired bootstrap of recall, into
+# results/NAME/dp_paired.json
+dp_paired_model() {
+    local name=$1 refs=()
+    mapfile -t refs < <(tvsub_refs)
+    ctx_logged "$WORK/results/$name/dp_paired.log" ctx-dp-eval --source "$WORK/docs/test.zh" \
+        --dp-source "$WORK/docs/test.dp.zh" --refs "${refs[@]}" \
+        --hyp "$WORK/generate/transformer.txt" --hyp-b "$WORK/generate/$name.txt" \
+        --json "$WORK/results/$name/dp_paired.json"
+}
+
+# dp_suite_build: the contrastive suite of the dropped pronouns (ctx-dp-suite
+# build) on the test split, records in the toy format (lines of data-bin's
+# test split, their documents named) into results/dp_suite.jsonl
+dp_suite_build() {
+    local refs=()
+    mapfile -t refs < <(tvsub_refs)
+    ctx_logged "$WORK/results/dp_suite.log" ctx-dp-suite build --source "$WORK/docs/test.zh" \
+        --dp-source "$WORK/docs/test.dp.zh" --refs "${refs[@]}" \
+        --docids "$WORK/docs/test.docids" --out "$WORK/results/dp_suite.jsonl"
+}
+
+# dp_score_model NAME CONTEXT: NAME's best checkpoint on the suite
+# (ctx-score-contrastive --format toy; the suite's words are the published
+# units, so the scorer applies the recipe's BPE: --bpe subword_nmt --bpe-codes
+# bpe/codes, --tokenizer none), with its context and, CONTEXT 1, with
+# shuffled context (another document position's); ctx-dp-suite report of the
+# runs into results/NAME/dp_suite/report.json
+dp_score_model() {
+    local name=$1 context=$2 ckpt out="$WORK/results/$1/dp_suite" scores=() runs=(true)
+    ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
+    cuda_args
+    mkdir -p "$out"
+    [ "$context" = 0 ] || runs+=(shuffled)
+    for run in "${runs[@]}"; do
+        local ablation=()
+        [ "$run" = true ] || ablation=(--context-ablation "$run")
+        ctx_logged "$out/$run.log" ctx-score-contrastive --path "$ckpt" \
+            --data "$WORK/data-bin" --contrastive "$WORK/results/dp_suite.jsonl" --format toy \
+            --split test --tokenizer none --bpe subword_nmt --bpe-codes "$WORK/bpe/codes" \
+            --max-tokens "$MAX_TOKENS" --out-dir "$out" --name "$run" "${ablation[@]}" \
+            "${CUDA_ARGS[@]}"
+        scores+=("$out/contrastive_$run.json")
+    done
+    ctx_logged "$out/report.log" ctx-dp-suite report --suite "$WORK/results/dp_suite.jsonl" \
+        --scores "${scores[@]}" --json "$out/report.json"
+}
+
+# cxmi_test_model NAME MAX_TOKENS: ctx-cxmi on the test split (the +DP
+# source's sentences: report.py takes the P-CXMI of the English pronouns of
+# the sentences with a restored pronoun from tokens.jsonl), against the empty
+# context, and shuffled where the split has two documents or more, into
+# results/NAME/cxmi_test/
+cxmi_test_model() {
+    local name=$1 max_tokens=$2 ckpt conditions=none dev=(--cpu)
+    ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
+    [ "$(ctx_count_docs "$WORK/data-bin/test.docids")" -lt 2 ] || conditions=none,shuffled
+    cuda_args
+    [ ${#CUDA_ARGS[@]} -eq 0 ] || dev=()
+    ctx_logged "$WORK/results/$name/cxmi_test.log" ctx-cxmi --path "$ckpt" \
+        --data "$WORK/data-bin" --split test --out "$WORK/results/$name/cxmi_test" \
+        --conditions "$conditions" --max-tokens "$max_tokens" --lang "$L2" "${dev[@]}"
 }
 
 # report: results.md and results.json (every model of this run with results)
@@ -603,6 +702,31 @@ if [[ " ${MODEL_LIST[*]} " == *" transformer "* ]]; then
     done
 else
     log "no transformer in MODELS: no paired p-values (they are against the transformer)"
+fi
+# the dropped pronouns (issue 38), after every step above (additive: a finished
+# run gains these on a re-run): where each result's checkpoint comes from, then,
+# with the test split's +DP source, DP recall and pronoun precision, the
+# contrastive suite with and without the true context, P-CXMI on the test split,
+# and the paired DP comparison against the transformer
+for m in sentence "${MODEL_LIST[@]}"; do
+    step "provenance_$m" provenance_model "$m"
+done
+if [ -e "$WORK/docs/test.dp.zh" ]; then
+    step dpsuite dp_suite_build
+    for m in sentence "${MODEL_LIST[@]}"; do
+        M_CXMI=0
+        [ "$m" = sentence ] || tvsub_model_spec "$m"
+        step "dp_$m" dp_model "$m"
+        step "dpscore_$m" dp_score_model "$m" "$M_CXMI"
+        if [ "$M_CXMI" = 1 ]; then step "cxmitest_$m" cxmi_test_model "$m" "$MAX_TOKENS"; fi
+    done
+    if [[ " ${MODEL_LIST[*]} " == *" transformer "* ]]; then
+        for m in sentence "${MODEL_LIST[@]}"; do
+            [ "$m" = transformer ] || step "dppaired_$m" dp_paired_model "$m"
+        done
+    fi
+else
+    log "no $WORK/docs/test.dp.zh (the input has no +DP source for the test split): the dropped-pronoun steps (dp_*, dpsuite, dpscore_*, cxmitest_*, dppaired_*) are skipped"
 fi
 report
 log "done: $WORK/results/results.md"

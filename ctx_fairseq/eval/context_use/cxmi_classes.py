@@ -9,7 +9,7 @@ import numpy as np
 
 from ctx_fairseq.eval.context_use.word_classes import normalise
 
-__all__ = ["class_breakdown", "breakdown_lines"]
+__all__ = ["class_breakdown", "breakdown_lines", "sentence_sums"]
 
 
 def class_breakdown(words: List[Dict], m: np.ndarray, pc: np.ndarray, name: str,
@@ -69,3 +69,20 @@ def breakdown_lines(result: Dict, conds: List[str]) -> List[str]:
                 lines.append(f"| {r['word']} | {r['count']} | "
                              + " | ".join(val(c, name, None, r["word"]) for c in conds) + " |")
     return lines
+
+
+def sentence_sums(words: List[Dict], n_sentences: int, condition: str, select) -> tuple:
+    """Per sentence of the split (``rec["sentence"]``, 0..n_sentences-1) the
+    sum of the P-CXMI against ``condition`` of the words ``select(rec)`` keeps
+    and their count: ``(sums, counts)``, float arrays of ``n_sentences``; the
+    pieces of a mean over a subset of words (``sums.sum() / counts.sum()``)
+    that a bootstrap over sentences can resample. ``words``: ``ctx-cxmi``'s
+    ``tokens.jsonl`` records."""
+    sums = np.zeros(n_sentences)
+    counts = np.zeros(n_sentences)
+    for r in words:
+        if select(r):
+            i = r["sentence"]
+            sums[i] += r["p_cxmi"][condition]
+            counts[i] += 1
+    return sums, counts
