@@ -66,9 +66,10 @@ from ctx_fairseq.modules.word_attention import _compute_dtype, _generator, _spar
 
 __all__ = ["selected_word_attention", "CHUNK_ELEMS", "WIDTHS"]
 
-#: about how many key (and value) elements one chunk of pairs gathers (``n L d``);
-#: the pairs are independent, so the result does not depend on it
-CHUNK_ELEMS = 1 << 24
+#: about how many key (and value) elements one chunk of pairs gathers (``n W d``;
+#: 256 MiB in float32): the fewer chunks, the fewer launched ops; the pairs are
+#: independent, so the result does not depend on it
+CHUNK_ELEMS = 1 << 26
 
 
 #: the widths a pair's words are computed in: each selected sentence reads the
@@ -95,14 +96,18 @@ def _spans(word_mask: Tensor) -> Tuple[Tensor, Tensor]:
 
 class _Pairs:
     """The selected pairs of ``weight`` (``G x H x M x J``), grouped by width
-    class, and one chunk's gathered operands. ``flat``: the pairs' flat
-    indices into ``weight``; ``row``: their query row in the flat ``(G H M)``
-    order; ``mem``/``head``: the memory row and head whose keys they read;
-    ``runs``: ``(width, start, end)`` per class present (host ints)."""
+    class, with what every chunk reads computed once for all (the forward's
+    and the backward's chunks slice it): ``flat`` the pairs' flat indices
+    into ``weight``; ``row`` their query row in the flat ``(G H M)`` order;
+    ``qv`` their queries (``N x d``) and ``a`` their weights; per class
+    present (``runs``: ``(width, start, end)``, host ints) the flat
+    ``(memory row, head, column)`` positions of their words in ``k``/``v``
+    (``N_c x W``) and which of those are not real words."""
 
-    def __init__(self, weight: Tensor, index: Tensor, word_mask: Tensor,
+    def __init__(self, q: Tensor, weight: Tensor, index: Tensor, word_mask: Tensor, dt, acc,
                  counts: Optional[list] = None, flat: Optional[Tensor] = None):
         G, H, M, J = weight.shape
+        S, L = word_mask.shape
         first, cls = _spans(word_mask)
         if flat is None:
             on = weight != 0
@@ -111,50 +116,54 @@ class _Pairs:
             per.scatter_add_(0, cls_gj.reshape(-1), on.sum((1, 2)).reshape(-1))
             counts = per.tolist()  # the one host read: how many pairs of each width
             flat = torch.nonzero_static(on.reshape(-1), size=sum(counts)).squeeze(1)
-            j = flat % J
-            order = torch.argsort(cls_gj[flat // (H * M * J), j], stable=True)
+            order = torch.argsort(cls_gj.reshape(-1)[(flat // (H * M * J)) * J + flat % J],
+                                  stable=True)
             flat = flat[order]
         self.flat, self.counts = flat, counts
         self.row = flat // J
-        g = self.row // (H * M)
-        self.head = (self.row // M) % H
-        self.mem = index[g, flat % J]
-        self.first = first[self.mem]
-        self.runs, start = [], 0
+        self.qv = q.reshape(-1, q.size(-1))[self.row].to(dt)
+        self.a = weight.reshape(-1)[flat].to(acc)
+        mem = index.reshape(-1)[(self.row // (H * M)) * J + flat % J]
+        base = (mem * H + (self.row // M) % H) * L  # the sentence's first column in k's rows
+        start = first[mem]
+        self.runs, self.lin, self.pad = [], [], []
+        c0 = 0
         for c, n in enumerate(counts):
             if n:
-                self.runs.append((WIDTHS[c], start, start + n))
-            start += n
+                width = WIDTHS[c]
+                col = start[c0:c0 + n, None] + torch.arange(width, device=q.device)
+                inside = col < L
+                col = col.clamp(max=L - 1)
+                self.runs.append((width, c0, c0 + n))
+                self.lin.append(base[c0:c0 + n, None] + col)
+                self.pad.append(~(word_mask.reshape(-1)[mem[c0:c0 + n, None] * L + col]
+                                  & inside))
+            c0 += n
 
-    def chunk(self, c0: int, c1: int, width: int, q, k, v, weight, word_mask, dt, acc):
-        """The operands of pairs ``c0:c1`` (of one width class): ``(qv n x d, K
-        n x W x d, V n x W x d, a n, real words n x W, columns n x W)``."""
-        row, mem, head = self.row[c0:c1], self.mem[c0:c1], self.head[c0:c1]
-        L = k.size(2)
-        offs = torch.arange(width, device=k.device)
-        cols = (self.first[c0:c1, None] + offs).clamp(max=L - 1)  # n x W
-        inside = (self.first[c0:c1, None] + offs) < L
-        at = (mem[:, None], head[:, None], cols)
-        qv = q.reshape(-1, q.size(-1))[row].to(dt)
-        K = k[at].to(dt)
-        V = v[at].to(dt)
-        a = weight.reshape(-1)[self.flat[c0:c1]].to(acc)
-        return qv, K, V, a, word_mask[mem[:, None], cols] & inside, at
-
-
-def _chunks(pairs: "_Pairs", d: int, chunk_elems: int):
-    number = 0
-    for width, r0, r1 in pairs.runs:
-        size = max(1, chunk_elems // (width * d))
-        for c0 in range(r0, r1, size):
-            yield number, c0, min(r1, c0 + size), width
-            number += 1
+    def chunks(self, d: int, chunk_elems: int):
+        """``(number, c0, c1, lin, pad)`` per chunk: pairs ``c0:c1`` of one
+        width class, their words' flat positions and padding (``n x W``)."""
+        number = 0
+        for (width, r0, r1), lin, pad in zip(self.runs, self.lin, self.pad):
+            size = max(1, chunk_elems // (width * d))
+            for c0 in range(r0, r1, size):
+                c1 = min(r1, c0 + size)
+                yield number, c0, c1, lin[c0 - r0:c1 - r0], pad[c0 - r0:c1 - r0]
+                number += 1
 
 
-def _normalise(qv: Tensor, K: Tensor, words: Tensor, word_attn: str, acc) -> Tensor:
-    """Eq. 4 per pair: ``p`` (``n x W``, float32 at least) over the real words."""
+def _gather(x: Tensor, lin: Tensor, dt) -> Tensor:
+    """``x`` (``S x H x L x d``) at the flat word positions ``lin`` (``n x W``):
+    ``n x W x d``."""
+    d = x.size(-1)
+    return x.reshape(-1, d).index_select(0, lin.reshape(-1)).view(*lin.shape, d).to(dt)
+
+
+def _normalise(qv: Tensor, K: Tensor, pad: Tensor, word_attn: str, acc) -> Tensor:
+    """Eq. 4 per pair: ``p`` (``n x W``, float32 at least) over the real words
+    (``pad``: the columns that are not)."""
     s = torch.bmm(K, qv.unsqueeze(-1)).squeeze(-1).to(acc)
-    s = s.masked_fill(~words, torch.finfo(acc).min)
+    s = s.masked_fill(pad, torch.finfo(acc).min)
     return torch.softmax(s, -1) if word_attn == "softmax" else _sparsemax(s, -1)
 
 
@@ -176,21 +185,19 @@ class _SelectedWordAttention(torch.autograd.Function):
         G, H, M, d = q.shape
         dt = _compute_dtype(q)
         acc = torch.promote_types(q.dtype, torch.float32)
-        pairs = _Pairs(weight, index, word_mask)  # (the one host read)
+        pairs = _Pairs(q, weight, index, word_mask, dt, acc)  # (the one host read)
         flat = pairs.flat
         out = q.new_zeros(G * H * M, d, dtype=acc)
         nnz = q.new_zeros(weight.numel() if want_nnz else 0, dtype=torch.int32)
-        for number, c0, c1, width in _chunks(pairs, d, chunk_elems):
-            qv, K, V, a, words, _ = pairs.chunk(c0, c1, width, q, k, v, weight, word_mask, dt,
-                                                acc)
-            p = _normalise(qv, K, words, word_attn, acc)
+        for number, c0, c1, lin, pad in pairs.chunks(d, chunk_elems):
+            p = _normalise(pairs.qv[c0:c1], _gather(k, lin, dt), pad, word_attn, acc)
             if want_nnz:  # nonzero word weights of each selected sentence
                 nnz[flat[c0:c1]] = (p != 0).sum(-1).to(torch.int32)
-            P = p * a.unsqueeze(-1)
+            P = p * pairs.a[c0:c1, None]
             keep = _keep(P.shape, p_drop, seed, number, q.device, acc)
             if keep is not None:
                 P = P * keep
-            o = torch.bmm(P.to(dt).unsqueeze(1), V).squeeze(1)
+            o = torch.bmm(P.to(dt).unsqueeze(1), _gather(v, lin, dt)).squeeze(1)
             out.index_add_(0, pairs.row[c0:c1], o.to(acc))
         ctx.save_for_backward(q, k, v, weight, index, word_mask, flat)
         ctx.cfg = (word_attn, chunk_elems, p_drop, seed, dt, acc, pairs.counts)
@@ -204,21 +211,20 @@ class _SelectedWordAttention(torch.autograd.Function):
         d = q.size(-1)
         need_q, need_k, need_v, need_w = ctx.needs_input_grad[:4]
         dq = q.new_zeros(q.numel() // d, d, dtype=acc) if need_q else None
-        dk = torch.zeros(k.shape, dtype=torch.promote_types(k.dtype, torch.float32),
+        dk = torch.zeros(k.numel() // d, d, dtype=torch.promote_types(k.dtype, torch.float32),
                          device=k.device) if need_k else None
-        dv = torch.zeros(v.shape, dtype=torch.promote_types(v.dtype, torch.float32),
+        dv = torch.zeros(v.numel() // d, d, dtype=torch.promote_types(v.dtype, torch.float32),
                          device=v.device) if need_v else None
         dw = torch.zeros(weight.numel(), dtype=acc, device=weight.device) if need_w else None
-        g_rows = grad.reshape(-1, d)
-        pairs = _Pairs(weight, index, word_mask, counts, flat)
-        for number, c0, c1, width in _chunks(pairs, d, chunk_elems):
-            qv, K, V, a, words, at = pairs.chunk(c0, c1, width, q, k, v, weight, word_mask, dt,
-                                                 acc)
-            p = _normalise(qv, K, words, word_attn, acc)
-            P = p * a.unsqueeze(-1)
+        pairs = _Pairs(q, weight, index, word_mask, dt, acc, counts, flat)
+        go_all = grad.reshape(-1, d)[pairs.row].to(dt)
+        for number, c0, c1, lin, pad in pairs.chunks(d, chunk_elems):
+            qv, a, row = pairs.qv[c0:c1], pairs.a[c0:c1, None], pairs.row[c0:c1]
+            K, V = _gather(k, lin, dt), _gather(v, lin, dt)
+            p = _normalise(qv, K, pad, word_attn, acc)
+            P = p * a
             keep = _keep(P.shape, p_drop, seed, number, q.device, acc)
-            row = pairs.row[c0:c1]
-            go = g_rows[row].to(dt)
+            go = go_all[c0:c1]
             dP = torch.bmm(V, go.unsqueeze(-1)).squeeze(-1).to(acc)
             if keep is not None:
                 dP, P = dP * keep, P * keep
@@ -226,24 +232,25 @@ class _SelectedWordAttention(torch.autograd.Function):
             if dw is not None:
                 dw[flat[c0:c1]] = da
             if word_attn == "softmax":
-                ds = (p * a.unsqueeze(-1)) * (dP - da.unsqueeze(-1))
+                ds = (p * a) * (dP - da.unsqueeze(-1))
             else:
                 on = p > 0
-                dp = torch.where(on, dP * a.unsqueeze(-1), dP.new_zeros(()))
+                dp = torch.where(on, dP * a, dP.new_zeros(()))
                 ds = torch.where(on, dp - dp.sum(-1, keepdim=True)
                                  / on.sum(-1, keepdim=True).clamp(min=1), dp.new_zeros(()))
             ds = ds.to(dt)
             if dq is not None:
                 dq.index_add_(0, row, torch.bmm(ds.unsqueeze(1), K).squeeze(1).to(acc))
+            at = lin.reshape(-1)
             if dk is not None:
-                dk.index_put_(at, torch.bmm(ds.unsqueeze(-1), qv.unsqueeze(1)).to(dk.dtype),
-                              accumulate=True)
+                dk.index_add_(0, at, torch.bmm(ds.unsqueeze(-1), qv.unsqueeze(1)).reshape(
+                    -1, d).to(dk.dtype))
             if dv is not None:
-                dv.index_put_(at, torch.bmm(P.to(dt).unsqueeze(-1), go.unsqueeze(1)).to(
-                    dv.dtype), accumulate=True)
+                dv.index_add_(0, at, torch.bmm(P.to(dt).unsqueeze(-1), go.unsqueeze(1)).reshape(
+                    -1, d).to(dv.dtype))
         return ((dq.view(q.shape).to(q.dtype) if dq is not None else None),
-                (dk.to(k.dtype) if dk is not None else None),
-                (dv.to(v.dtype) if dv is not None else None),
+                (dk.view(k.shape).to(k.dtype) if dk is not None else None),
+                (dv.view(v.shape).to(v.dtype) if dv is not None else None),
                 (dw.view(weight.shape).to(weight.dtype) if dw is not None else None),
                 None, None, None, None, None, None, None)
 
