@@ -27,6 +27,12 @@
 #      transformer and Dec-DC, their MFU at each batch and where each stops being host-bound
 #   5  (not in the default phases) phase 3's fp16 table with --train-step fairseq: what
 #      fairseq-train --fp16 runs, beside phase 3's autocast step (fairseq-train --amp)
+#   6  (not in the default phases; one call of at most 9 minutes: GPU_CHECK_PHASES=6
+#      GPU_CHECK_BUDGET=530) the selective model's accelerator path (issue 36): the paper's
+#      model (frozen memory, --memory-precomputed) against the transformer on documents of
+#      100 and 1,000 sentences of 20 tokens, --max-tokens 4096, the batch holding the last
+#      sentence, fp32 and fp16: tokens/s, peak memory and host syncs per training step
+#      (train_syncs_per_step), gathered into one file, selective_accelerator.json
 # A bench step gets what is left of the budget (at most its own cap) and is skipped, with a
 # note, under 20 s.
 # Every ctx-bench step has ONE argument list, shared by the real and the dry run; only the
@@ -237,8 +243,29 @@ case $phase in
     bench fp16_fairseq "${BENCH_CAP:-110}" '|' --archs "$MAIN" --doc-len 2 --infer-sentences 16 \
         --fp16 --train-step fairseq
     ;;
+6)
+    SELACC=(--archs "transformer_selective_doc[--memory-precomputed]" --src-len 20 --tgt-len 20
+            --doc-batch last --infer-sentences 0)
+    bench selacc100_fp32 "${SELACC_CAP:-120}" '--doc-len 100 --repeats 2 | --doc-len 10' "${SELACC[@]}"
+    bench selacc100_fp16 "${SELACC_CAP:-120}" '--doc-len 100 --repeats 2 | --doc-len 10' "${SELACC[@]}" --fp16
+    bench selacc1000_fp32 "${SELACC_CAP:-120}" '--doc-len 1000 --repeats 2 | --doc-len 50' "${SELACC[@]}"
+    bench selacc1000_fp16 "${SELACC_CAP:-120}" '--doc-len 1000 --repeats 2 | --doc-len 50' "${SELACC[@]}" --fp16
+    "$PY" - "$WORK" > "$WORK/selective_accelerator.json" <<'PYEOF'
+import glob, json, os, sys
+out = {}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "bench_selacc*.json"))):
+    name = os.path.basename(path)[len("bench_"):-len(".json")]
+    try:
+        out[name] = json.load(open(path))
+    except ValueError as err:
+        out[name] = {"error": str(err)}
+json.dump(out, sys.stdout, indent=1)
+PYEOF
+    note "   selective_accelerator.json: $(grep -c '"arch"' "$WORK/selective_accelerator.json") row(s)"
+    pack
+    ;;
 *)
-    note "unknown phase '$phase' (GPU_CHECK_PHASES: 1 2 3 4 5)"
+    note "unknown phase '$phase' (GPU_CHECK_PHASES: 1 2 3 4 5 6)"
     ;;
 esac
 done

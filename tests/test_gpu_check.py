@@ -14,7 +14,8 @@ import tarfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "gpu_check.sh")
 BENCH_STEPS = ["fp32", "fp16", "concat_fp32", "concat_fp16", "selective100", "selective1000",
-               "sweep_fp16", "fp16_fairseq"]
+               "sweep_fp16", "fp16_fairseq", "selacc100_fp32", "selacc100_fp16",
+               "selacc1000_fp32", "selacc1000_fp16"]
 #: ctx-bench's options that are shapes (the only ones a dry run may change), with a value
 SHAPE_OPTIONS = {"--layers", "--embed-dim", "--heads", "--ffn-dim", "--vocab", "--src-len",
                  "--tgt-len", "--max-tokens", "--repeats", "--train-steps", "--beam",
@@ -58,7 +59,7 @@ def _without_shapes(argv):
 
 
 def test_dry_run_runs_every_bench_step_with_the_real_arguments(tmp_path):
-    out, summary = run_check(tmp_path, "3 4 5")
+    out, summary = run_check(tmp_path, "3 4 5 6")
     steps = _steps(summary)
     for name in BENCH_STEPS:
         real, rc = steps[(name, "a")]
@@ -90,6 +91,17 @@ def test_dry_run_runs_every_bench_step_with_the_real_arguments(tmp_path):
     assert {r["arch"] for r in sweep["results"]} == {
         f"{a} @{m}" for a in ("transformer", "transformer_dc_dec") for m in (4096, 16384, 32768)}
     assert "| arch | params |" in summary  # each CPU run's table
+    # phase 6 (issue 36): the selective model's accelerator path in one file
+    sel = json.load(open(_member(out, "selective_accelerator.json")))
+    assert {"selacc100_fp32", "selacc1000_fp16_dry"} <= set(sel)
+    for name in ("selacc100_fp32", "selacc1000_fp32"):
+        argv = steps[(name, "a")][0]
+        assert argv[argv.index("--archs") + 1] == "transformer_selective_doc[--memory-precomputed]"
+        rows = sel[name]["results"]
+        assert [r["arch"] for r in rows] == ["transformer", argv[argv.index("--archs") + 1]]
+        assert all("train_syncs_per_step" in r for r in rows)  # (None on the CPU)
+    assert [int(steps[(f"selacc{n}_fp16", "a")][0][steps[(f"selacc{n}_fp16", "a")][0].index(
+        "--doc-len") + 1]) for n in (100, 1000)] == [100, 1000]
 
 
 def _member(out, name):

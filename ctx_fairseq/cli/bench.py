@@ -519,6 +519,12 @@ class Bench:
             entry["flops"] = self.count_flops(entry)
             # two full training steps (the memory measurement) also warm the model up
             entry["peak_mem_mb"] = self.peak_memory_mb(entry)
+            if self.device.type == "cuda":  # what a step waits for on the host
+                from ctx_fairseq.host_reads import SyncCounter
+
+                with SyncCounter() as syncs:
+                    self.train_step(entry)
+                entry["syncs_per_step"] = len(syncs.sites)
             for _ in range(a.warmup):
                 self.train_step(entry)
             if a.infer_sentences:
@@ -571,6 +577,8 @@ class Bench:
             "infer_flops_ratio_bound": (base["infer_flops"] / e["infer_flops"]
                                         if "infer_flops" in e else None),
             "peak_mem_mb": e["peak_mem_mb"],
+            # CUDA only: the synchronising calls of one training step (host reads)
+            "train_syncs_per_step": e.get("syncs_per_step"),
             "train_tflops": train_eff["tflops"], "train_mfu": train_eff["mfu"],
             "infer_tflops": infer_eff["tflops"] if infer_eff else None,
             "infer_mfu": infer_eff["mfu"] if infer_eff else None,
