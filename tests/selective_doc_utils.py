@@ -104,6 +104,24 @@ def enc_input(ni):
     return {k: v for k, v in ni.items() if k != "prev_output_tokens"}
 
 
+def beam_case(model, d, mode, doc_sizes, rows, beam=2, steps=7):
+    """A decoder-integration batch for incremental decoding with beam
+    reorders: ``(encoder_out, prev, order)``, the encoder's output of
+    ``rows`` of random documents ``doc_sizes`` repeated ``beam`` times,
+    random previous tokens (``</s>`` first) and a reorder within each
+    sentence's beam that duplicates hypotheses."""
+    ni = collate(d, corpus(d, doc_sizes), rows, mode, "decoder")["net_input"]
+    bsz = ni["src_tokens"].size(0)
+    g = torch.Generator().manual_seed(4)
+    prev = torch.randint(d.nspecial, len(d), (bsz * beam, steps), generator=g)
+    prev[:, 0] = d.eos()
+    order = torch.tensor([1, 1, 2, 3, 5, 4, 6, 6, 9, 8])
+    with torch.no_grad():
+        enc = model.encoder(**enc_input(ni))
+        enc = model.encoder.reorder_encoder_out(enc, torch.arange(bsz).repeat_interleave(beam))
+    return enc, prev, order
+
+
 def sentence_level_copy(model, d):
     """A fairseq ``transformer`` holding the same weights (state dict without
     the context layer)."""

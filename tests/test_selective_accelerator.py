@@ -16,7 +16,7 @@ from ctx_fairseq.modules import selected_word_attention as swa
 from ctx_fairseq.modules.cpu_shortcuts import accelerator_path, cpu_shortcuts
 from ctx_fairseq.modules.word_attention import streamed_word_attention
 from fairseq_cli_utils import decode_with_reorder
-from selective_doc_utils import build, collate, corpus, enc_input
+from selective_doc_utils import beam_case, build, collate, corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,15 +85,9 @@ def test_incremental_decoding_equals_the_full_forward(word_attn, memory):
     full forward (the selected sentences per document) and the CPU's full
     forward, float64."""
     model, d = build(["--word-attn", word_attn], integration="decoder", memory=memory)
-    ni = collate(d, corpus(d, [6, 3]), [1, 2, 3, 5, 7], "online", "decoder")["net_input"]
-    bsz, beam, split = ni["src_tokens"].size(0), 2, 3
-    g = torch.Generator().manual_seed(4)
-    prev = torch.randint(d.nspecial, len(d), (bsz * beam, 7), generator=g)
-    prev[:, 0] = d.eos()
-    order = torch.tensor([1, 1, 2, 3, 5, 4, 6, 6, 9, 8])
+    split = 3
+    enc, prev, order = beam_case(model, d, "online", [6, 3], [1, 2, 3, 5, 7])
     with torch.no_grad():
-        enc = model.encoder(**enc_input(ni))
-        enc = model.encoder.reorder_encoder_out(enc, torch.arange(bsz).repeat_interleave(beam))
         cpu_full, _ = model.decoder(prev, enc)
         with accelerator_path():
             steps, prev2, enc2 = decode_with_reorder(model, enc, prev, split, order)

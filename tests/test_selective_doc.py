@@ -31,6 +31,7 @@ from fairseq_cli_utils import (
 VOCAB = 40
 from selective_doc_utils import (
     ARCH,
+    beam_case,
     build,
     corpus,
     collate,
@@ -115,19 +116,12 @@ DEC_VARIANTS = [[], ["--word-attn", "sparsemax"], ["--doc-attention", "flat-sent
 @pytest.mark.parametrize("mode", ["online", "offline"])
 def test_incremental_equals_full_forward_with_beam_reorder(extra, mode, monkeypatch):
     model, d = build(extra, integration="decoder", mode=mode)
-    data = corpus(d, [4, 3])
-    ni = collate(d, data, [1, 2, 3, 5, 6], mode, "decoder")["net_input"]
-    bsz, beam, split = ni["src_tokens"].size(0), 2, 3
+    split = 3
     enc_calls = count_calls(monkeypatch, SelectiveDocEncoder)
     dec_calls = count_calls(monkeypatch, SelectiveDocDecoder)
-    g = torch.Generator().manual_seed(4)
-    prev = torch.randint(d.nspecial, len(d), (bsz * beam, 7), generator=g)
-    prev[:, 0] = d.eos()
     # beam search reorders within each sentence's beam (and duplicates hypotheses)
-    order = torch.tensor([1, 1, 2, 3, 5, 4, 6, 6, 9, 8])
+    enc, prev, order = beam_case(model, d, mode, [4, 3], [1, 2, 3, 5, 6])
     with torch.no_grad():
-        enc = model.encoder(**enc_input(ni))
-        enc = model.encoder.reorder_encoder_out(enc, torch.arange(bsz).repeat_interleave(beam))
         steps, prev2, enc2 = decode_with_reorder(model, enc, prev, split, order)
         assert (len(enc_calls), len(dec_calls)) == (1, 1)  # the memory: once per batch
         full1, _ = model.decoder(prev, enc)

@@ -131,6 +131,17 @@ def _batch(docs, C_, seed):
     return q, pad, qd, qp, memory, layout
 
 
+def _float64_layer(mode, q, memory):
+    """A float64 layer (C 32, 4 heads, a random distance bias over 2 sentences)
+    and float64 copies of the queries and the memory keys that need gradients."""
+    torch.manual_seed(0)
+    m = HierarchicalContextAttention(32, 4, *mode, sentence_distance=2).double()
+    with torch.no_grad():
+        m.distance_bias.normal_()
+    return (m, q.double().clone().requires_grad_(),
+            memory[0].double().clone().requires_grad_())
+
+
 def _forward(m, q, pad, qd, qp, memory, layout, online=True):
     keys, mask, doc, pos, rows, valid, by_length = memory
     if layout is None:  # per query sentence, every token column
@@ -151,12 +162,7 @@ def test_collated_layout_equals_per_sentence(mode):
     q, pad, qd, qp, memory, layout = _batch(docs, 32, 5)
     res = []
     for lay in (None, layout):
-        torch.manual_seed(0)
-        m = HierarchicalContextAttention(32, 4, *mode, sentence_distance=2).double()
-        with torch.no_grad():
-            m.distance_bias.normal_()
-        qq = q.double().clone().requires_grad_()
-        k = memory[0].double().clone().requires_grad_()
+        m, qq, k = _float64_layer(mode, q, memory)
         out, info = _forward(m, qq, pad, qd, qp, (k,) + memory[1:], lay)
         real = (~pad).t().unsqueeze(-1)  # T x B x 1
         (out * real * torch.randn(out.shape, generator=torch.Generator().manual_seed(1),
@@ -231,12 +237,7 @@ def test_cpu_path_equals_the_accelerators(mode):
     for lay in (layout, None):
         res = []
         for compact in (False, True):
-            torch.manual_seed(0)
-            m = HierarchicalContextAttention(32, 4, *mode, sentence_distance=2).double()
-            with torch.no_grad():
-                m.distance_bias.normal_()
-            qq = q.double().clone().requires_grad_()
-            k = memory[0].double().clone().requires_grad_()
+            m, qq, k = _float64_layer(mode, q, memory)
             keys, mask, doc, pos, rows, valid, by_length = (k,) + memory[1:]
             with (contextlib.nullcontext() if compact else accelerator_path()), \
                     FlopCounterMode(display=False) as fc:
