@@ -293,3 +293,20 @@ def test_bench_trace_counts_the_accelerators_step(capsys):
     assert 1.0 <= layer["word_flops_ratio"] <= 24 / 19  # source sentences: 19 words
     assert 0.0 < layer["selected_share"] < 1.0
     assert sel["peak_live_gb"] > base["peak_live_gb"] > 0
+
+
+def test_bench_trace_of_a_trained_checkpoint(selective_dec_ckpt, toy_bin, capsys):
+    """``ctx-bench --trace --path CKPT --data DIR``: a trained checkpoint on
+    every batch of the split, summed: every test sentence in a batch, the
+    context layer's ops and the word level's work counted."""
+    import json
+
+    from ctx_fairseq.cli.bench import cli_main
+
+    cli_main(["--trace", "--path", selective_dec_ckpt, "--data", toy_bin, "--split", "test",
+              "--max-tokens", "300", "--json"])
+    (row,) = json.loads(capsys.readouterr().out)["results"]
+    assert row["batches"] >= 2 and row["target_tokens"] > 0
+    (layer,) = row["context_layers"]
+    assert layer["aten_ops"] > 0 and 1.0 <= layer["word_flops_ratio"] <= 3.0
+    assert 0.0 < layer["selected_share"] <= 1.0

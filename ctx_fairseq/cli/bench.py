@@ -766,6 +766,11 @@ def get_parser() -> argparse.ArgumentParser:
                    "path, counted on the CPU (FLOPs per target token against the baseline, "
                    "the context layer's aten ops, the selected sentences' word-level FLOPs "
                    "against their work, peak live memory; ctx_fairseq.cli.bench_trace)")
+    p.add_argument("--path", default=None, metavar="CKPT",
+                   help="with --trace: a trained checkpoint, traced on every batch of --data's "
+                   "--split instead of random models")
+    p.add_argument("--data", default=None, metavar="DIR", help="with --path: its data directory")
+    p.add_argument("--split", default="test", help="with --path: the split (test)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the arguments and build every model and the batch it would be "
                         "measured on (on the CPU, whatever --device and --fp16 say); run "

@@ -15,6 +15,10 @@ memory is encoded in the step, as in the first epoch). Reported per model:
 * ``peak_live_gb``: the step's peak of live tensors (:class:`LiveBytes`;
   the gradients among them) plus the parameters and Adam's two moments
   (float32);
+With ``--path CKPT --data DIR [--split test]`` a trained checkpoint is
+traced instead, on every batch of the split (the task's batching at
+``--max-tokens``), the figures summed over the batches (no baseline).
+
 * per context layer (``context_layers``), its memory projection, forward and
   backward run again alone on the inputs the step gave it: ``aten_ops``
   (dispatched ops that launch a kernel: views and metadata ops are not
@@ -29,6 +33,7 @@ memory is encoded in the step, as in the first epoch). Reported per model:
 
 import contextlib
 import json
+import os
 import weakref
 from typing import Dict, List
 
@@ -157,8 +162,9 @@ def _layer_alone(call: Dict) -> Dict:
         info = layer(r, layer.project_memory(*pa, **pk), *fa,
                      **dict(fk, return_stats=True))[1]
     if "visible_sentences_sum" in info:
-        row["selected_share"] = float(info["sentence_support_sum"]) / max(
-            1.0, float(info["visible_sentences_sum"]))
+        row["selected_sum"] = float(info["sentence_support_sum"])
+        row["visible_sum"] = float(info["visible_sentences_sum"])
+        row["selected_share"] = row["selected_sum"] / max(1.0, row["visible_sum"])
     return row
 
 
@@ -253,11 +259,65 @@ def format_trace(report: Dict) -> str:
                         if c.get("word_flops_ratio")) or "-"
         share = " + ".join(f"{100 * c['selected_share']:.1f} %" for c in layers
                            if "selected_share" in c) or "-"
+        ratio = "-" if r["flops_ratio"] != r["flops_ratio"] else f"{r['flops_ratio']:.3f}"
         lines.append(f"| `{r['arch']}` | {r['batch_sentences']} | {r['memory_sentences'] or '-'} "
-                     f"| {r['target_tokens']} | {r['step_flops'] / 1e9:.1f} | "
-                     f"{r['flops_ratio']:.3f} | {r['peak_live_gb']:.2f} | {ops} | {wr} | "
-                     f"{share} |")
+                     f"| {r['target_tokens']} | {r['step_flops'] / 1e9:.1f} | {ratio} | "
+                     f"{r['peak_live_gb']:.2f} | {ops} | {wr} | {share} |")
     return "\n".join(lines) + "\n"
+
+
+def _sum_layers(rows: List[Dict]) -> Dict:
+    """The context-layer rows of several batches, summed (the share pooled)."""
+    out = {"aten_ops": sum(r["aten_ops"] for r in rows), "flops": sum(r["flops"] for r in rows)}
+    for key in ("word_flops_executed", "word_flops_selected"):
+        if any(key in r for r in rows):
+            out[key] = sum(r.get(key, 0.0) for r in rows)
+    if out.get("word_flops_selected"):
+        out["word_flops_ratio"] = out["word_flops_executed"] / out["word_flops_selected"]
+    if any("selected_sum" in r for r in rows):
+        out["selected_share"] = sum(r["selected_sum"] for r in rows) / max(
+            1.0, sum(r["visible_sum"] for r in rows))
+    return out
+
+
+def trace_checkpoint(path: str, data: str, split: str, max_tokens: int, log=print) -> Dict:
+    """``--trace --path``: a trained checkpoint on every batch of its data's
+    ``split`` (the task's own batching at ``max_tokens``): the batches'
+    training steps (forward and backward, cold memory) on the accelerator's
+    path, summed; per context layer the ops, FLOPs, word-level work and
+    selected share over all batches."""
+    from fairseq.criterions.label_smoothed_cross_entropy import (
+        LabelSmoothedCrossEntropyCriterion,
+    )
+
+    from ctx_fairseq.eval.checkpoints import restore_checkpoint
+    from ctx_fairseq.modules.cpu_shortcuts import accelerator_path
+
+    model, task, _ = restore_checkpoint(path, data)
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(task.dataset(split), max_tokens=max_tokens, seed=1,
+                                  disable_iterator_cache=True).next_epoch_itr(shuffle=False)
+    crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    steps, layers = [], []
+    for sample in itr:
+        entry = {"model": model, "task": task, "sample": sample, "crit": crit}
+        calls = _Calls()
+        with accelerator_path():
+            steps.append(_step(None, entry, calls))
+            layers.append([_layer_alone(c) for c in list(calls.layers) if "forward" in c])
+    tokens = sum(s["target_tokens"] for s in steps)
+    row = {"arch": f"{model.args.arch if hasattr(model, 'args') else type(model).__name__} "
+                   f"({os.path.basename(path)}, {split})",
+           "batches": len(steps), "batch_sentences": sum(s["batch_sentences"] for s in steps),
+           "memory_sentences": None, "target_tokens": tokens,
+           "step_flops": sum(s["step_flops"] for s in steps), "flops_ratio": float("nan"),
+           "peak_live_gb": max(s["peak_live_gb"] for s in steps),
+           "context_layers": [_sum_layers([b[i] for b in layers if len(b) > i])
+                              for i in range(max((len(b) for b in layers), default=0))]}
+    row["flops_per_target_token"] = row["step_flops"] / max(1, tokens)
+    log(f"ctx-bench --trace: {row['arch']}: {len(steps)} batches")
+    return {"mode": "trace", "device": "cpu (the accelerator's path)", "checkpoint": path,
+            "data": data, "split": split, "precision": "fp32", "results": [row]}
 
 
 def trace_main(a, bench, specs: List[str], parser, log) -> None:
@@ -265,8 +325,13 @@ def trace_main(a, bench, specs: List[str], parser, log) -> None:
     if a.device != "cpu" or a.fp16 or a.sweep_max_tokens:
         parser.error("--trace counts on the CPU in float32: no --device cuda, --fp16 or "
                      "--sweep-max-tokens")
+    if bool(a.path) != bool(a.data):
+        parser.error("--path and --data go together (a checkpoint and its data directory)")
     try:
-        report = trace(bench, specs, log)
-    except ValueError as err:
+        if a.path:
+            report = trace_checkpoint(a.path, a.data, a.split, a.max_tokens, log)
+        else:
+            report = trace(bench, specs, log)
+    except (ValueError, OSError) as err:
         parser.error(str(err))
     print(json.dumps(report, indent=2) if a.json else format_trace(report))
