@@ -67,6 +67,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ctx_fairseq.data.json_lines import json_lines
+
 GENDERS = ("m", "f", "n")
 PRONOUN = {"m": "er", "f": "sie", "n": "es"}
 DEFINITE = {"m": "der", "f": "die", "n": "das"}
@@ -328,13 +330,7 @@ def read_contrastive(path: str) -> List[dict]:
     required = ("id", "phenomenon", "distance", "src", "ref", "contrastive")
     records = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+        for lineno, rec in json_lines(path, f):
             missing = [k for k in required if k not in rec]
             if missing:
                 raise ValueError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")

@@ -82,6 +82,7 @@ import sys
 from collections import Counter
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ctx_fairseq.data.json_lines import json_lines
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.eval.pronouns.dropped import CLASSES, EN_CLASSES, english_counts, english_words
 
@@ -366,13 +367,7 @@ def read_suite_records(path: str) -> List[Tuple[int, dict]]:
     except OSError as err:
         raise InputError(f"--suite {path}: cannot read ({err.strerror or err})") from None
     out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+    for n, rec in json_lines(path, lines, InputError):
         if not isinstance(rec, dict) or "swaps" not in rec or "contrastive" not in rec:
             raise InputError(f"{path}:{n}: expected a record of ctx-dp-suite build (with 'swaps')")
         out.append((n, rec))

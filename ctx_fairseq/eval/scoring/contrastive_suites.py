@@ -66,6 +66,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ctx_fairseq.data.json_lines import json_lines
+
 __all__ = ["SuiteError", "Candidate", "Example", "Suite", "FORMATS", "read_suite"]
 
 
@@ -162,13 +164,7 @@ def _json_records_kind(path: str) -> Tuple[List[Tuple[int, dict]], bool]:
         _nonempty(path, out)
         return out, True
     out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise SuiteError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+    for lineno, obj in json_lines(path, text.splitlines(), SuiteError):
         if not isinstance(obj, dict):
             raise SuiteError(f"{path}:{lineno}: expected a JSON object")
         out.append((lineno, obj))
