@@ -97,7 +97,8 @@ bias is computed as a ``B x H x 1 x S_max`` tensor
 the selective and dense paths share it (``_sentence_weights``), so they still
 agree in value and gradient. A zero bias gives exactly the model without it.
 
-Memory layout and cost (static shapes: no host read in forward or backward).
+Memory layout and cost (static shapes; the one host read: the number of
+selected sentences on the accelerator's path, below).
 :meth:`HierarchicalContextAttention.project_memory` projects the memory once
 per batch, each sentence once (``S`` rows, never copied per query sentence),
 and keeps a padded document index ``D x S_max`` (``doc_rows``: the memory
@@ -117,8 +118,13 @@ its sentence keys and one masked sparsemax over ``G x H x M x S_max``
 (float32 at least). Sparsemax is this module's own (:class:`_Sparsemax`, the
 same values as ``entmax.sparsemax`` with a backward of static shape).
 
-Word level (Eq. 4-5; Eq. 6 flat-word): streamed over blocks of memory
-sentences by :func:`ctx_fairseq.modules.word_attention.streamed_word_attention`
+Word level (Eq. 4-5; Eq. 6 flat-word). On an accelerator (where
+:func:`ctx_fairseq.modules.cpu_shortcuts.cpu_shortcuts` is off), in the
+per-document layout, the hierarchical word level runs over the selected
+sentences only (:func:`ctx_fairseq.modules.selected_word_attention.selected_word_attention`:
+one host read per pass, which sizes their list); otherwise it is streamed
+over blocks of memory sentences by
+:func:`ctx_fairseq.modules.word_attention.streamed_word_attention`
 (its docstring has the equations and gradients). Eq. 4 normalises within one
 sentence and Eq. 5 multiplies by that sentence's weight, so a block of whole
 sentences is complete: per block, one matrix product with the block's word
