@@ -170,6 +170,8 @@ def test_report_of_synthetic_seeds(tmp_path):
     assert (mc["only_transformer"], mc["only_model"]) == (1, 2)
     assert mc["p"] == mcnemar_exact(1, 2) and mc["seeds"] == 3
     assert res["models"]["transformer"]["paired"] is None
+    # (the sentence model, listed before the transformer, is compared with it too)
+    assert res["models"]["sentence"]["paired"]["pooled"] == {}  # (no translation here)
     md = (tmp_path / "dp" / "results-dp.md").read_text()
     assert "chosen on dev-SUB01; figures reported on dev-SUB02" in md
     assert "expect wide intervals" in md

@@ -357,8 +357,9 @@ def collect(workdir: str, models: Optional[List[str]] = None, resamples: int = 1
             row["figures"][k] = _boot(k, by_seed, boot)
         row["provenance"] = {s: _load(os.path.join(w, "results", m, "checkpoint.json"))
                              for s, w in dirs.items()}
-        row["paired"] = _paired(dirs, m, per, boot) if m != "transformer" else None
         res["models"][m] = row
+    for m, row in res["models"].items():  # (every model's figures first: the transformer's)
+        row["paired"] = _paired(dirs, m, per, boot) if m != "transformer" else None
     return res
 
 
