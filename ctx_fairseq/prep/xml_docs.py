@@ -62,6 +62,23 @@ def _local(tag) -> str:
     return tag.rsplit("}", 1)[-1].lower()
 
 
+def _seg_start(path: str, lineno: int, el, in_seg: Optional[Tuple[str, int]], where: str,
+               within: str = "") -> Tuple[str, int]:
+    """``(id, line)`` of the ``<seg>`` element ``el`` that starts at line
+    ``lineno``, as both XML readers (``<doc><seg>`` files and WMT test sets)
+    check it: not inside the segment ``in_seg`` still open, and with an id.
+    The errors name ``where`` (the document) and ``within`` (the side that
+    holds the segment, if any)."""
+    if in_seg is not None:
+        raise PrepDocsError(path, lineno, f"{where}: <seg> inside segment {in_seg[0]} "
+                            f"(line {in_seg[1]}); expected </seg> first")
+    segid = (el.get("id") or "").strip()
+    if not segid:
+        raise PrepDocsError(path, lineno, f"{where}: <seg> without an id attribute{within}; "
+                                          'expected <seg id="...">')
+    return segid, lineno
+
+
 def _feed_xml(path: str, parser, handle, hint=lambda: "") -> int:
     """Feed ``path`` to an incremental XML ``parser`` line by line, calling
     ``handle(lineno)`` after each line (and once at the end); malformed XML
@@ -119,14 +136,7 @@ def _parse_xml(path: str, allow_empty: bool) -> Tuple[List[ParsedDoc], int, int]
                 if cur is None:
                     raise PrepDocsError(path, lineno, "<seg> outside any <doc>; "
                                                       "expected segments inside <doc docid=...>")
-                if in_seg is not None:
-                    raise PrepDocsError(path, lineno, f"document {cur.docid}: <seg> inside "
-                                        f"segment {in_seg[0]} (line {in_seg[1]}); expected </seg> first")
-                segid = (el.get("id") or "").strip()
-                if not segid:
-                    raise PrepDocsError(path, lineno, f"document {cur.docid}: <seg> without an id "
-                                                      'attribute; expected <seg id="...">')
-                in_seg = (segid, lineno)
+                in_seg = _seg_start(path, lineno, el, in_seg, f"document {cur.docid}")
             elif event == "end" and name == "seg" and cur is not None and in_seg is not None:
                 segid, start = in_seg
                 text, n = clean_text("".join(el.itertext()).strip())
@@ -361,14 +371,7 @@ def _parse_wmt(path: str) -> List[_WmtDoc]:
                     if side is None:
                         raise PrepDocsError(path, lineno, f"{where() or 'file'}: <seg> outside <src>, "
                                                           "<ref> and <hyp>; expected it inside one of them")
-                    if in_seg is not None:
-                        raise PrepDocsError(path, lineno, f"{where()}: <seg> inside segment {in_seg[0]} "
-                                            f"(line {in_seg[1]}); expected </seg> first")
-                    segid = (el.get("id") or "").strip()
-                    if not segid:
-                        raise PrepDocsError(path, lineno, f"{where()}: <seg> without an id attribute "
-                                                          f'in {side.label()}; expected <seg id="...">')
-                    in_seg = (segid, lineno)
+                    in_seg = _seg_start(path, lineno, el, in_seg, where(), f" in {side.label()}")
             else:
                 if name == "seg" and side is not None and in_seg is not None:
                     if not side.open_para:
