@@ -42,6 +42,18 @@ def layer_being_built(part) -> int:
     return index
 
 
+def build_chosen_layer(part, chosen, cfg, fairseq_layer: Callable[[], torch.nn.Module],
+                       own_layer: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """The layer a fairseq encoder or decoder (``part``) builds next, for a
+    model that replaces only the layers whose 0-based index is in ``chosen``
+    (the Dual Contextual and hybrid models): ``own_layer()`` wrapped as
+    fairseq wraps its own layers (:func:`wrap_layer` with ``cfg``) for a chosen
+    index (:func:`layer_being_built`), fairseq's ``fairseq_layer()`` otherwise."""
+    if layer_being_built(part) not in chosen:
+        return fairseq_layer()
+    return wrap_layer(own_layer(), cfg)
+
+
 def set_default(args, name, value):
     """Architecture presets: set ``args.name`` unless the command line did."""
     if getattr(args, name, None) is None:

@@ -45,6 +45,7 @@ lists the loaded (renamed) and the new tensors
 """
 
 import argparse
+from functools import partial
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq.models import register_model, register_model_architecture
@@ -58,13 +59,12 @@ from fairseq.models.transformer.transformer_legacy import base_architecture
 
 from ctx_fairseq.models._fairseq_utils import (
     add_sentence_init_option,
-    layer_being_built,
+    build_chosen_layer,
     load_sentence_checkpoint,
     model_shape,
     set_default,
     to_namespace,
     warn_sentence_init_unread,
-    wrap_layer,
 )
 from ctx_fairseq.modules.dual_context import (
     DCTransformerDecoderLayer,
@@ -119,11 +119,10 @@ class DCTransformerEncoder(TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, cfg):
-        if layer_being_built(self) not in self.dc_layers:
-            return super().build_encoder_layer(cfg)
-        layer = DCTransformerEncoderLayer(cfg, dc_kernel_size=self.dc_kernel_size,
-                                          return_fc=self.return_fc)
-        return wrap_layer(layer, cfg)
+        return build_chosen_layer(
+            self, self.dc_layers, cfg, partial(super().build_encoder_layer, cfg),
+            lambda: DCTransformerEncoderLayer(cfg, dc_kernel_size=self.dc_kernel_size,
+                                              return_fc=self.return_fc))
 
 
 class DCTransformerDecoder(TransformerDecoderBase):
@@ -139,11 +138,10 @@ class DCTransformerDecoder(TransformerDecoderBase):
                          output_projection=output_projection)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        if layer_being_built(self) not in self.dc_layers:
-            return super().build_decoder_layer(cfg, no_encoder_attn)
-        layer = DCTransformerDecoderLayer(cfg, no_encoder_attn=no_encoder_attn,
-                                          dc_kernel_size=self.dc_kernel_size)
-        return wrap_layer(layer, cfg)
+        return build_chosen_layer(
+            self, self.dc_layers, cfg, partial(super().build_decoder_layer, cfg, no_encoder_attn),
+            lambda: DCTransformerDecoderLayer(cfg, no_encoder_attn=no_encoder_attn,
+                                              dc_kernel_size=self.dc_kernel_size))
 
 
 

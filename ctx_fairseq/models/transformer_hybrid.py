@@ -47,6 +47,7 @@ new tensors (:func:`~ctx_fairseq.models._fairseq_utils.load_sentence_checkpoint`
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Dict, List, Tuple
 
 import torch
@@ -67,10 +68,9 @@ from torch import Tensor
 
 from ctx_fairseq.models._fairseq_utils import (
     add_sentence_init_option,
-    layer_being_built,
+    build_chosen_layer,
     load_sentence_checkpoint,
     warn_sentence_init_unread,
-    wrap_layer,
 )
 from ctx_fairseq.modules.hybrid_attention import (
     HYBRID_MODES,
@@ -188,12 +188,11 @@ class HybridTransformerEncoder(TransformerEncoder):
         super().__init__(args, dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, args):
-        if layer_being_built(self) not in self.hybrid_layers:
-            return super().build_encoder_layer(args)
         cfg = TransformerConfig.from_namespace(args)
-        layer = HybridTransformerEncoderLayer(cfg, self.hybrid.attention,
-                                              return_fc=self.return_fc)
-        return wrap_layer(layer, cfg)
+        return build_chosen_layer(
+            self, self.hybrid_layers, cfg, partial(super().build_encoder_layer, args),
+            lambda: HybridTransformerEncoderLayer(cfg, self.hybrid.attention,
+                                                  return_fc=self.return_fc))
 
 
 class HybridTransformerDecoder(TransformerDecoder):
@@ -207,12 +206,12 @@ class HybridTransformerDecoder(TransformerDecoder):
                          output_projection=output_projection)
 
     def build_decoder_layer(self, args, no_encoder_attn=False):
-        if layer_being_built(self) not in self.hybrid_layers:
-            return super().build_decoder_layer(args, no_encoder_attn=no_encoder_attn)
         cfg = TransformerConfig.from_namespace(args)
-        layer = HybridTransformerDecoderLayer(cfg, self.hybrid.attention,
-                                              no_encoder_attn=no_encoder_attn)
-        return wrap_layer(layer, cfg)
+        return build_chosen_layer(
+            self, self.hybrid_layers, cfg,
+            partial(super().build_decoder_layer, args, no_encoder_attn=no_encoder_attn),
+            lambda: HybridTransformerDecoderLayer(cfg, self.hybrid.attention,
+                                                  no_encoder_attn=no_encoder_attn))
 
 
 @register_model("transformer_hybrid")
