@@ -149,6 +149,25 @@ def with_device(argv: Sequence[str], device: Optional[str] = None) -> List[str]:
     return argv if "--cpu" in argv else argv + ["--cpu"]
 
 
+def cli_args(parser, argv: Sequence[str], device: Optional[str] = None):
+    """``argv`` parsed by fairseq's ``parser`` (``parse_args_and_arch``) as
+    the plugin's commands run: ``--user-dir`` the plugin, on the device
+    :func:`with_device` chooses."""
+    from fairseq import options
+
+    return options.parse_args_and_arch(parser, ["--user-dir", USER_DIR]
+                                       + with_device(argv, device))
+
+
+def printed(run: Callable[[], None]) -> str:
+    """What ``run()`` printed (fairseq-generate and fairseq-interactive print
+    their translations)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run()
+    return out.getvalue()
+
+
 def preprocess(argv: List[str]) -> None:
     from fairseq import options
     from fairseq_cli import preprocess as fs_preprocess
@@ -163,10 +182,7 @@ def train(argv: List[str], device: Optional[str] = None) -> None:
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import train as fs_train
 
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR]
-                                       + with_device(argv, device))
-    cfg = convert_namespace_to_omegaconf(args)
+    cfg = convert_namespace_to_omegaconf(cli_args(options.get_training_parser(), argv, device))
     distributed_utils.call_main(cfg, fs_train.main)
 
 
@@ -175,13 +191,8 @@ def generate(argv: List[str], device: Optional[str] = None) -> str:
     from fairseq import options
     from fairseq_cli import generate as fs_generate
 
-    parser = options.get_generation_parser()
-    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR]
-                                       + with_device(argv, device))
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        fs_generate.main(args)
-    return out.getvalue()
+    args = cli_args(options.get_generation_parser(), argv, device)
+    return printed(lambda: fs_generate.main(args))
 
 
 def train_and_generate(data_dir: str, save_dir: str, arch: str, extra: List[str] = (),
@@ -287,13 +298,8 @@ def interactive(argv: List[str], device: Optional[str] = None) -> str:
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import interactive as fs_interactive
 
-    parser = options.get_interactive_generation_parser()
-    args = options.parse_args_and_arch(parser, ["--user-dir", USER_DIR]
-                                       + with_device(argv, device))
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        fs_interactive.main(convert_namespace_to_omegaconf(args))
-    return out.getvalue()
+    args = cli_args(options.get_interactive_generation_parser(), argv, device)
+    return printed(lambda: fs_interactive.main(convert_namespace_to_omegaconf(args)))
 
 
 def run_main(main: Callable[[List[str]], None], argv: List[str], capsys):
