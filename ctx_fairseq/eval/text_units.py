@@ -82,6 +82,19 @@ def _cfg_get(cfg, *keys):
     return cfg
 
 
+def _scheme_applied(option: str, name: Optional[str], supported: str, already: str) -> bool:
+    """Whether the text is to go through the ``--OPTION NAME`` of the
+    command line or the checkpoint (``--tokenizer``, ``--bpe``): not for
+    none; for ``supported``, the one scheme read here; any other is an error
+    that says to give ``--OPTION none`` where the text is ``already`` so."""
+    if name in (None, "none"):
+        return False
+    if name != supported:
+        raise ValueError(f"the checkpoint uses --{option} {name}; only {supported} is supported "
+                         f"here: give --{option} none if the text is already {already}")
+    return True
+
+
 class TextEncoder:
     """Strings to token tensors for one side (``"source"`` or ``"target"``)
     of a model: tokenizer, BPE, dictionary."""
@@ -106,11 +119,7 @@ class TextEncoder:
         if args.bpe_codes and bpe_name in (None, "none"):
             raise ValueError("--bpe-codes given without --bpe subword_nmt")
         bpe = None
-        if bpe_name not in (None, "none"):
-            if bpe_name != "subword_nmt":
-                raise ValueError(f"the checkpoint uses --bpe {bpe_name}; only subword_nmt is "
-                                 "supported here: give --bpe none if the text is already in BPE "
-                                 "units")
+        if _scheme_applied("bpe", bpe_name, "subword_nmt", "in BPE units"):
             if not codes:
                 raise ValueError("--bpe subword_nmt needs --bpe-codes FILE")
             import os
@@ -126,11 +135,7 @@ class TextEncoder:
                 ("target", task.target_dictionary, args.moses_target_lang,
                  task_setting(task, "target_lang"))):
             tok = None
-            if tok_name not in (None, "none"):
-                if tok_name != "moses":
-                    raise ValueError(f"the checkpoint uses --tokenizer {tok_name}; only moses is "
-                                     "supported here: give --tokenizer none if the text is "
-                                     "already tokenized")
+            if _scheme_applied("tokenizer", tok_name, "moses", "tokenized"):
                 lang = lang or _cfg_get(ckpt_cfg, "tokenizer", f"{side}_lang") or default
                 if not lang:
                     raise ValueError(f"--tokenizer moses: give --moses-{side}-lang")
