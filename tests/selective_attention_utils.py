@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
+import pytest
 import torch
 from entmax import sparsemax
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -26,6 +27,12 @@ MODES = [  # (attention, sentence_attn, word_attn)
     ("flat-word", "softmax", "softmax"),
 ]
 MODE_IDS = ["sparse-soft", "sparse-sparse", "soft-soft", "flat-sentence", "flat-word"]
+#: the parametrizations the tests share, each defined once with its test ids: every
+#: mode (``mode``, built with ``build(*mode)``), online and offline visibility
+#: (``online``), the selective and the dense computation (``selective``)
+EVERY_MODE = pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+ONLINE_AND_OFFLINE = pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+SELECTIVE_AND_DENSE = pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
 
 
 @dataclass

@@ -18,9 +18,11 @@ from ctx_fairseq.modules.selective_attention import (
 )
 from ctx_fairseq.modules.sparsemax import masked_normalize
 from selective_attention_utils import (
+    EVERY_MODE,
+    ONLINE_AND_OFFLINE,
+    SELECTIVE_AND_DENSE,
     DT,
     MODES,
-    MODE_IDS,
     Mem,
     make_memory,
     make_queries,
@@ -61,12 +63,11 @@ def test_masked_normalize_exact_zeros_and_empty_rows(kind):
 
 
 # ------------------------------------------------------- equations vs reference
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@ONLINE_AND_OFFLINE
+@SELECTIVE_AND_DENSE
+@EVERY_MODE
 def test_matches_naive_reference(mode, selective, online):
-    att, sa, wa = mode
-    m = build(att, sa, wa, selective=selective)
+    m = build(*mode, selective=selective)
     mem = make_memory(DOCS, empty=(8,))
     q, qd, qp = make_queries(SPEC)
     out, info = run(m, mem, q, qd, qp, online)
@@ -76,15 +77,14 @@ def test_matches_naive_reference(mode, selective, online):
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["per-query", "grouped"])
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@ONLINE_AND_OFFLINE
+@EVERY_MODE
 def test_query_window_matches_naive_reference(mode, online, grouped):
     """A per-query window (a scorer's --context-size N, --sample-context-size's
     draw for a document memory) keeps the memory sentences at most that many
     positions away, exactly: the reference over those sentences only; window
     0 is the empty context (output 0, no context); gradients stay finite."""
-    att, sa, wa = mode
-    m = build(att, sa, wa)
+    m = build(*mode)
     mem = make_memory(DOCS, empty=(8,))
     q, qd, qp = make_queries(SPEC)
     B = qd.numel()
@@ -107,7 +107,7 @@ def test_query_window_matches_naive_reference(mode, online, grouped):
 
 
 # ----------------------------------------------------- selective == dense
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@ONLINE_AND_OFFLINE
 @pytest.mark.parametrize("word_attn", ["softmax", "sparsemax"],
                          ids=["sparse-soft", "sparse-sparse"])
 def test_selective_equals_dense_values_and_gradients(word_attn, online):
@@ -144,11 +144,10 @@ def test_selective_equals_dense_values_and_gradients(word_attn, online):
 
 
 # ------------------------------------------------------------- visibility
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@ONLINE_AND_OFFLINE
+@EVERY_MODE
 def test_visibility_current_and_future_sentences(mode, online):
-    att, sa, wa = mode
-    m = build(att, sa, wa)
+    m = build(*mode)
     mem = make_memory([6, 3], L=7, seed=5)
     spec = [(0, 3), (1, 1), (0, 0)]
     q, qd, qp = make_queries(spec, seed=6)
@@ -180,11 +179,10 @@ def test_visibility_current_and_future_sentences(mode, online):
 
 
 # ------------------------------------------------------------ empty context
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@SELECTIVE_AND_DENSE
+@EVERY_MODE
 def test_no_context_rows_are_zero_with_finite_gradients(mode, selective):
-    att, sa, wa = mode
-    m = build(att, sa, wa, selective=selective)
+    m = build(*mode, selective=selective)
     # doc 0: 3 sentences; doc 1: one sentence; doc 2: sentence 0 has no real word
     mem = make_memory([3, 1, 2], L=6, seed=7, empty=(4,))
     spec = [(0, 0), (0, 2), (1, 0), (2, 1), (7, 0), (0, 1)]  # doc 7 has no memory
@@ -214,7 +212,7 @@ def test_no_context_rows_are_zero_with_finite_gradients(mode, selective):
         assert p.grad is not None and not p.grad.any(), name
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@EVERY_MODE
 def test_modes_forward_backward_and_parameters(mode):
     att, sa, wa = mode
     m = build(att, sa, wa)
@@ -232,12 +230,11 @@ def test_modes_forward_backward_and_parameters(mode):
 
 
 # ------------------------------------------- batch composition and padding
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@ONLINE_AND_OFFLINE
+@SELECTIVE_AND_DENSE
+@EVERY_MODE
 def test_one_document_vs_multi_document_batch(mode, selective, online):
-    att, sa, wa = mode
-    m = build(att, sa, wa, selective=selective)
+    m = build(*mode, selective=selective)
     big = make_memory([3, 5, 4], doc_ids=[11, 12, 13], seed=10)
     rows = big.doc == 12
     alone = Mem(big.keys[rows], big.values[rows], big.mask[rows], big.doc[rows], big.pos[rows])
@@ -265,11 +262,10 @@ def repad(mem: Mem, L_new: int, shift: int, garbage: float) -> Mem:
     return Mem(keys, values, mask, mem.doc, mem.pos)
 
 
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@SELECTIVE_AND_DENSE
+@EVERY_MODE
 def test_padding_invariance(mode, selective):
-    att, sa, wa = mode
-    m = build(att, sa, wa, selective=selective)
+    m = build(*mode, selective=selective)
     mem = make_memory([4, 3], L=6, seed=12)
     spec = [(0, 3), (1, 1), (0, 1)]
     q, qd, qp = make_queries(spec, T=3, seed=13)
@@ -319,16 +315,15 @@ def forward_numel(m, mem, q, qd, qp, online=True, backward=False):
     return log
 
 
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@SELECTIVE_AND_DENSE
+@EVERY_MODE
 def test_forward_cost_ignores_other_documents(mode, selective):
     """Queries of a 3-sentence document: the work in forward is the same whether
     the batch's memory also holds 30 or 60 other documents (of at most as many
     sentences: the padded document index is ``D x S_max``, and a query's work
     grows with ``S_max``, the batch's largest document, which the task's
     document batching keeps close to the others) or not."""
-    att, sa, wa = mode
-    m = build(att, sa, wa, selective=selective)
+    m = build(*mode, selective=selective)
     q, qd, qp = make_queries([(0, 2), (0, 1)], T=4, seed=15)
     small = make_memory([3], doc_ids=[0], L=6, seed=16)
     logs = []
@@ -386,12 +381,11 @@ def test_word_level_never_pairs_every_token_with_every_word(mode, grouped):
     """Forward and backward form no tensor of the size of the word scores
     ``B x H x T x S x L``: the largest is one tile (``tile_elems``) or the
     sentence weights' ``B x H x T x S``."""
-    att, sa, wa = mode
     n, T, L = 120, 6, 10
     mem = make_memory([n], L=L, seed=23)
     spec = [(0, p) for p in range(100, 120)]
     q, qd, qp = make_queries(spec, T=T, seed=24)
-    m = build(att, sa, wa, tile_elems=1 << 12)
+    m = build(*mode, tile_elems=1 << 12)
     pm = m.project_memory(*mem.args())
     log = NumelLog()
     with log:
@@ -405,10 +399,9 @@ def test_word_level_never_pairs_every_token_with_every_word(mode, grouped):
 
 
 # --------------------------------------------- incremental decoding / beam
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@EVERY_MODE
 def test_stepwise_queries_and_beam_reorder(mode):
-    att, sa, wa = mode
-    m = build(att, sa, wa)
+    m = build(*mode)
     mem = make_memory(DOCS)
     q, qd, qp = make_queries(SPEC, T=4)
     pm = m.project_memory(*mem.args())
@@ -434,7 +427,7 @@ def test_memory_order_is_checked():
 
 
 # --------------------------------------------------------- weights / stats
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@SELECTIVE_AND_DENSE
 def test_weights_and_statistics(selective):
     m = build(word_attn="sparsemax", selective=selective)
     mem = make_memory(DOCS, L=8, seed=25)
@@ -474,7 +467,7 @@ def test_gate_equation_without_bias():
     torch.testing.assert_close(out, want_gamma * r + (1 - want_gamma) * d)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@EVERY_MODE
 def test_context_layer_bypass_and_no_residual(mode):
     att, sa, wa = mode
     torch.manual_seed(0)
@@ -528,7 +521,7 @@ def test_context_layer_decoder_query_differs_from_r():
     assert (out_q - out_r).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@SELECTIVE_AND_DENSE
 def test_training_mode_with_dropout_runs(selective):
     torch.manual_seed(2)
     layer = DocumentContextLayer(C, H, 16, word_attn="sparsemax", selective=selective,

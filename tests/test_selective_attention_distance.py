@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from selective_attention_utils import (
+    EVERY_MODE,
+    ONLINE_AND_OFFLINE,
+    SELECTIVE_AND_DENSE,
     DT,
     MODES,
-    MODE_IDS,
     make_memory,
     make_queries,
     build,
@@ -28,9 +30,8 @@ from selective_attention_utils import (
 def build_dist(mode, n, selective=True, bias_scale=None, seed=0):
     """``build`` with ``sentence_distance=n``; the other parameters are those of
     ``build(mode)`` (copied), ``distance_bias`` random when ``bias_scale``."""
-    att, sa, wa = mode
-    ref = build(att, sa, wa, selective=selective, seed=seed)
-    m = build(att, sa, wa, selective=selective, seed=seed, sentence_distance=n)
+    ref = build(*mode, selective=selective, seed=seed)
+    m = build(*mode, selective=selective, seed=seed, sentence_distance=n)
     missing, unexpected = m.load_state_dict(ref.state_dict(), strict=False)
     assert list(missing) == (["distance_bias"] if n else []) and not unexpected
     if n:
@@ -43,9 +44,9 @@ def build_dist(mode, n, selective=True, bias_scale=None, seed=0):
     return ref, m
 
 
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@ONLINE_AND_OFFLINE
+@SELECTIVE_AND_DENSE
+@EVERY_MODE
 def test_distance_bias_zero_is_exactly_off(mode, selective, online):
     ref, m = build_dist(mode, 3, selective=selective)
     assert not hasattr(ref, "distance_bias") and ref.sentence_distance == 0
@@ -64,9 +65,9 @@ def test_distance_bias_zero_is_exactly_off(mode, selective, online):
     assert torch.isfinite(grads[1]["distance_bias"]).all()
 
 
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@ONLINE_AND_OFFLINE
+@SELECTIVE_AND_DENSE
+@EVERY_MODE
 def test_distance_bias_matches_naive_reference(mode, selective, online):
     _, m = build_dist(mode, 2, selective=selective, bias_scale=2.0)
     mem = make_memory(DOCS, empty=(8,))
@@ -77,8 +78,8 @@ def test_distance_bias_matches_naive_reference(mode, selective, online):
                                    rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
+@ONLINE_AND_OFFLINE
+@SELECTIVE_AND_DENSE
 def test_distance_bias_large_on_distance_one_selects_previous_sentence(selective, online):
     n = 3
     _, m = build_dist(MODES[0], n, selective=selective)
@@ -101,7 +102,7 @@ def test_distance_bias_large_on_distance_one_selects_previous_sentence(selective
     assert float(run(ref, mem, q, qd, qp, online, return_stats=True)[1]["sentence_support"]) > 1
 
 
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@ONLINE_AND_OFFLINE
 @pytest.mark.parametrize("word_attn", ["softmax", "sparsemax"],
                          ids=["sparse-soft", "sparse-sparse"])
 def test_distance_bias_selective_equals_dense(word_attn, online):
@@ -124,8 +125,8 @@ def test_distance_bias_selective_equals_dense(word_attn, online):
     assert_same_gradients(g_s, g_d)
 
 
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@ONLINE_AND_OFFLINE
+@EVERY_MODE
 def test_distance_bias_gradients_and_signs(mode, online):
     """Gradients reach ``distance_bias``: online only positive distances
     (rows > N), offline both signs; distance 0 (the sentence itself) never."""
@@ -146,8 +147,8 @@ def test_distance_bias_gradients_and_signs(mode, online):
         assert g[:n].abs().sum(1).gt(0).all()
 
 
-@pytest.mark.parametrize("selective", [True, False], ids=["selective", "dense"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@SELECTIVE_AND_DENSE
+@EVERY_MODE
 def test_distance_bias_online_ignores_nonpositive_distances(mode, selective):
     """Online, the entries for distance <= 0 are never used: huge values there
     change nothing (and the layer never indexes a negative distance)."""
@@ -176,8 +177,8 @@ def test_distance_bias_online_ignores_nonpositive_distances(mode, selective):
     assert used and bool((torch.cat(used) > 0).all())
 
 
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@ONLINE_AND_OFFLINE
+@EVERY_MODE
 def test_distance_bias_visibility_unchanged(mode, online):
     """A huge bias on every distance (the current sentence's 0 and the later
     sentences' negative ones included) does not make the current sentence, or

@@ -13,8 +13,8 @@ from ctx_fairseq.modules.selective_attention import (
 from ctx_fairseq.modules.sparsemax import masked_normalize
 from ctx_fairseq.modules.selective_memory import memory_layout
 from selective_attention_utils import (
-    MODES,
-    MODE_IDS,
+    EVERY_MODE,
+    ONLINE_AND_OFFLINE,
     Mem,
     make_memory,
     make_queries,
@@ -24,7 +24,7 @@ from selective_attention_utils import (
 
 
 # ------------------------------------------------------------ half precision
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@EVERY_MODE
 def test_half_precision_matches_float32_on_a_long_document(mode):
     """``model.half()`` (what ``--fp16`` does) on a 120-sentence document with
     sentences without words and queries without context (first sentence, a
@@ -125,11 +125,11 @@ def _previous_module():
 
 
 @pytest.mark.parametrize("seed", range(2))
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@ONLINE_AND_OFFLINE
 @pytest.mark.parametrize("layout", ["sentence", "document", "document-tiny", "by-length",
                                     "by-length-tiny"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@EVERY_MODE
 def test_equals_the_previous_implementation(mode, dtype, layout, online, seed):
     """Random batches (sentences without words, one-sentence documents, a
     document absent from the memory, queries without context, i.e. fully
@@ -209,7 +209,7 @@ def test_equals_the_previous_implementation(mode, dtype, layout, online, seed):
         i2["sent_weights"].dtype), rtol=0, atol=tol)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@EVERY_MODE
 def test_autocast_matches_float32(mode):
     """``torch.autocast`` (bfloat16 on the CPU; ``--amp``): forward and backward
     run (the gathered word-level kernels compute both passes in the autocast
