@@ -188,6 +188,15 @@ def add_sentence_init_option(parser, what: str, also: str = "",
              "restores a checkpoint, nor when loading this model's own checkpoints)")
 
 
+def two_stage_defaults(args) -> None:
+    """Architecture presets of a model with both two-stage training options
+    (``--init-from-sentence-checkpoint`` and ``--freeze-sentence-level``):
+    unless the command line set them, a run starts from scratch and trains
+    every parameter."""
+    set_default(args, "freeze_sentence_level", False)
+    set_default(args, "init_from_sentence_checkpoint", None)
+
+
 def warn_sentence_init_unread(args, task) -> None:
     """``--init-from-sentence-checkpoint`` is read by the ``document_translation``
     task once the model is built (which knows whether the run restores a

@@ -80,6 +80,7 @@ from ctx_fairseq.models._fairseq_utils import (
     set_default,
     tiny_shape,
     to_namespace,
+    two_stage_defaults,
     wrap_layer,
 )
 from ctx_fairseq.modules.encoder_sublayers import EncoderLayerSubLayers, attention_bias
@@ -490,8 +491,7 @@ def doc_zhang2018_base_architecture(args):
     set_default(args, "context_encoder_layers", 1)
     set_default(args, "context_integration", "both")
     set_default(args, "context_combine", "gate")
-    set_default(args, "freeze_sentence_level", False)
-    set_default(args, "init_from_sentence_checkpoint", None)
+    two_stage_defaults(args)
     base_architecture(args)
 
 

@@ -92,6 +92,7 @@ from ctx_fairseq.models._fairseq_utils import (
     set_default,
     tiny_shape,
     to_namespace,
+    two_stage_defaults,
 )
 from ctx_fairseq.modules.context_statistics import mean_gate_sum, real_tokens
 from ctx_fairseq.modules.han_attention import (
@@ -527,8 +528,7 @@ def han_base_architecture(args):
     _default(args, "han_heads", None)
     _default(args, "han_ffn_dim", None)
     _default(args, "han_context_grad", False)
-    _default(args, "freeze_sentence_level", False)
-    _default(args, "init_from_sentence_checkpoint", None)
+    two_stage_defaults(args)
     base_architecture(args)
 
 

@@ -20,6 +20,7 @@ from ctx_fairseq.models._fairseq_utils import (
     set_default,
     tiny_shape,
     to_namespace,
+    two_stage_defaults,
 )
 from ctx_fairseq.models.transformer_selective_doc.common import (
     MEMORY_CACHE_SENTENCES,
@@ -356,8 +357,7 @@ def selective_doc_base_architecture(args):
     _default(args, "dense_doc_attention", False)
     _default(args, "doc_word_capacity", WORD_CAPACITY)
     _default(args, "doc_sentence_distance", 0)  # beyond the paper; 0 = off
-    _default(args, "freeze_sentence_level", False)
-    _default(args, "init_from_sentence_checkpoint", None)
+    two_stage_defaults(args)
     base_architecture(args)
 
 
