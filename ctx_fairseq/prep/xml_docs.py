@@ -79,6 +79,20 @@ def _seg_start(path: str, lineno: int, el, in_seg: Optional[Tuple[str, int]], wh
     return segid, lineno
 
 
+def _read_events(parser, root: List[str]):
+    """``(event, element, local name, at_root)`` of each event the pull
+    parser ``parser`` has read since last asked, as both XML readers walk
+    them: ``at_root`` is true for the start of the root element, whose name
+    is then put in ``root`` (empty until then; the readers' messages name the
+    kind of file by it)."""
+    for event, el in parser.read_events():
+        name = _local(el.tag)
+        at_root = event == "start" and not root
+        if at_root:
+            root.append(name)
+        yield event, el, name, at_root
+
+
 def _feed_xml(path: str, parser, handle, hint=lambda: "") -> int:
     """Feed ``path`` to an incremental XML ``parser`` line by line, calling
     ``handle(lineno)`` after each line (and once at the end); malformed XML
@@ -120,12 +134,9 @@ def _parse_xml(path: str, allow_empty: bool) -> Tuple[List[ParsedDoc], int, int]
 
     def handle(lineno: int) -> None:
         nonlocal cur, in_seg, replaced
-        for event, el in parser.read_events():
-            name = _local(el.tag)
-            if event == "start" and not root:
-                root.append(name)
-                if name == "dataset":
-                    raise PrepDocsError(path, lineno, WMT_FILE_HINT)
+        for event, el, name, at_root in _read_events(parser, root):
+            if at_root and name == "dataset":
+                raise PrepDocsError(path, lineno, WMT_FILE_HINT)
             if event == "start" and name == "doc":
                 if cur is not None:
                     raise PrepDocsError(path, lineno, f"<doc> inside document {cur.docid} "
@@ -324,17 +335,14 @@ def _parse_wmt(path: str) -> List[_WmtDoc]:
 
     def handle(lineno: int) -> None:
         nonlocal cur, side, in_seg
-        for event, el in parser.read_events():
-            name = _local(el.tag)
-            if event == "start" and not root:
-                root.append(name)
-                if name != "dataset":
-                    if name in SGML_SETS:
-                        hint = ("this is an mteval/IWSLT-style file with one language per file: use "
-                                "`ctx-prep-docs xml` (or `ctx-prep-docs sgml` for WMT .sgm files)")
-                    else:
-                        hint = "expected a WMT test-set XML file (WMT21 and later)"
-                    raise PrepDocsError(path, lineno, f"root element <{name}>; expected <dataset>: {hint}")
+        for event, el, name, at_root in _read_events(parser, root):
+            if at_root and name != "dataset":
+                if name in SGML_SETS:
+                    hint = ("this is an mteval/IWSLT-style file with one language per file: use "
+                            "`ctx-prep-docs xml` (or `ctx-prep-docs sgml` for WMT .sgm files)")
+                else:
+                    hint = "expected a WMT test-set XML file (WMT21 and later)"
+                raise PrepDocsError(path, lineno, f"root element <{name}>; expected <dataset>: {hint}")
             if event == "start":
                 if name == "doc":
                     if cur is not None:
