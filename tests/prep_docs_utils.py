@@ -45,6 +45,14 @@ def run_cli(argv, capsys):
     return run_main(pd.cli_main, argv, capsys)
 
 
+def run_ok(argv, capsys):
+    """Run ctx-prep-docs where it is to succeed: checks the exit status (0,
+    else the assertion shows stderr); returns stdout."""
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    return out
+
+
 def out_files(out_dir):
     return sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
 

@@ -14,8 +14,8 @@ from fairseq_cli_utils import preprocess
 
 from prep_docs_utils import (
     IWSLT_SETS, SRC_DOCS, TGT_DOCS, assert_error, fail_nth_fdopen, iwslt, needs_iwslt,
-    out_files, raw_xml_counts, read_lines, read_text, run_cli, seg_in_iwslt, write, xml_args,
-    xml_file)
+    out_files, raw_xml_counts, read_lines, read_text, run_cli, run_ok, seg_in_iwslt, write,
+    xml_args, xml_file)
 
 
 # ---------------------------------------------------------------------------
@@ -26,9 +26,8 @@ from prep_docs_utils import (
 @pytest.mark.parametrize("name", IWSLT_SETS)
 def test_iwslt17_counts_and_text(name, tmp_path, capsys):
     prefix = str(tmp_path / name)
-    code, out, err = run_cli(["xml", "--src-xml", iwslt(name, "en"), "--tgt-xml", iwslt(name, "de"),
-                              "--src-lang", "en", "--tgt-lang", "de", "--out-prefix", prefix], capsys)
-    assert code == 0, err
+    out = run_ok(["xml", "--src-xml", iwslt(name, "en"), "--tgt-xml", iwslt(name, "de"),
+                  "--src-lang", "en", "--tgt-lang", "de", "--out-prefix", prefix], capsys)
     en, de, ids = (read_lines(f"{prefix}.{x}") for x in ("en", "de", "docids"))
     raw_en, docs_en, segs_en = raw_xml_counts(iwslt(name, "en"))
     raw_de, docs_de, segs_de = raw_xml_counts(iwslt(name, "de"))
@@ -112,8 +111,7 @@ def test_xml_small(tmp_path, capsys):
     src = xml_file(tmp_path / "s.xml", SRC_DOCS)
     tgt = xml_file(tmp_path / "t.xml", TGT_DOCS)
     prefix = str(tmp_path / "out" / "train")
-    code, out, err = run_cli(xml_args(src, tgt, prefix), capsys)
-    assert code == 0, err
+    out = run_ok(xml_args(src, tgt, prefix), capsys)
     assert out.strip() == f"ctx-prep-docs: 2 documents, 5 sentences -> {prefix}.{{en,de,docids}}"
     assert read_lines(prefix + ".en") == ["Hello  world.", 'R&D <b> "q" été', "One.", "Two.", "Three."]
     assert read_lines(prefix + ".de") == ["Hallo Welt.", "F&E", "Eins.", "Zwei.", "Drei."]
@@ -272,8 +270,7 @@ def test_docids_mode(tmp_path, capsys):
     tgt = write(tmp_path / "t.txt", "A1\nA2\nB1\nC1\n")
     ids = write(tmp_path / "ids.txt", "talk7\ntalk7 \nx\ntalk2\n")
     prefix = str(tmp_path / "p")
-    code, out, err = run_cli(docids_args(src, tgt, ids, prefix), capsys)
-    assert code == 0, err
+    out = run_ok(docids_args(src, tgt, ids, prefix), capsys)
     assert "3 documents, 4 sentences" in out
     assert read_lines(prefix + ".docids") == ["talk7", "talk7", "x", "talk2"]
     assert read_lines(prefix + ".en") == ["a1", "a2", "b1", "c1"]

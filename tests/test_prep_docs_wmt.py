@@ -7,8 +7,8 @@ from ctx_fairseq.prep import docs as pd
 from ctx_fairseq.data.docids import read_docid_lines
 
 from prep_docs_utils import (
-    TGT_DOCS, assert_error, fail_nth_fdopen, out_files, read_lines, read_text, run_cli, write,
-    xml_args, xml_file)
+    TGT_DOCS, assert_error, fail_nth_fdopen, out_files, read_lines, read_text, run_cli, run_ok,
+    write, xml_args, xml_file)
 
 
 # ---------------------------------------------------------------------------
@@ -76,8 +76,7 @@ def test_wmt_happy_path(tmp_path, capsys):
     assert raw.count(old) == 1
     write(xml, raw.replace(old, '<seg id="2"> </seg>'))
     prefix = str(tmp_path / "out" / "test")
-    code, out, err = run_cli(wmt_args(xml, prefix, "--hyp-system", "sysX"), capsys)
-    assert code == 0, err
+    out = run_ok(wmt_args(xml, prefix, "--hyp-system", "sysX"), capsys)
     assert out.startswith(f"ctx-prep-docs: 2 documents, 5 sentences -> {prefix}.{{en,de,docids}} (")
     assert "translator A (1 document), translator B (1 document)" in out
     assert f"system sysX -> {prefix}.hyp.de" in out
@@ -210,9 +209,8 @@ def test_wmt_language_codes_and_segments_outside_p(tmp_path, capsys):
              "</doc>", "</dataset>"]
     xml = write(tmp_path / "w.xml", "\n".join(lines) + "\n")
     prefix = str(tmp_path / "t")
-    code, out, err = run_cli(["wmt", "--xml", xml, "--src-lang", "en_XX", "--tgt-lang", "de_DE",
-                              "--out-prefix", prefix, "--paragraph-boundaries"], capsys)
-    assert code == 0, err
+    out = run_ok(["wmt", "--xml", xml, "--src-lang", "en_XX", "--tgt-lang", "de_DE",
+                  "--out-prefix", prefix, "--paragraph-boundaries"], capsys)
     assert read_lines(prefix + ".de_DE") == ["Eins.", "Zwei."]
     assert read_lines(prefix + ".docids") == ["a.p1", "a.p1"]
     assert "translator (no translator attribute) (1 document)" in out
@@ -283,8 +281,7 @@ def test_sgml_tolerant(tmp_path, capsys):
     src = write(tmp_path / "newstest2099-ende-src.en.sgm", SRC_SGM)
     tgt = write(tmp_path / "newstest2099-ende-ref.de.sgm", TGT_SGM)
     prefix = str(tmp_path / "out" / "t")
-    code, out, err = run_cli(sgml_args(src, tgt, prefix), capsys)
-    assert code == 0, err
+    out = run_ok(sgml_args(src, tgt, prefix), capsys)
     assert "2 documents, 7 sentences" in out and "1 line breaks inside sentences replaced" in out
     assert read_lines(prefix + ".en") == SGM_EN
     assert read_lines(prefix + ".de") == ["Eins", "Zwei", "Drei", "Vier", "F", "S", "V"]
@@ -371,8 +368,7 @@ def test_tags_mode(tmp_path, capsys):
     src = tags_file(tmp_path / "train.tags.en-de.en", TALKS, "en")
     tgt = tags_file(tmp_path / "train.tags.en-de.de", TALKS, "de")
     prefix = str(tmp_path / "out" / "train")
-    code, out, err = run_cli(tags_args(src, tgt, prefix), capsys)
-    assert code == 0, err
+    out = run_ok(tags_args(src, tgt, prefix), capsys)
     assert "3 documents, 6 sentences" in out and "skipped" not in out
     assert read_lines(prefix + ".docids") == ["1", "1", "1", "2", "1441", "1441"]
     assert read_lines(prefix + ".en") == ["a1 (en)", "a2 (en)", "a3 (en)", "b1 (en)",
@@ -404,8 +400,7 @@ def test_tags_docid_lines_closing_tags_and_talks_without_text(tmp_path, capsys):
     src = write(tmp_path / "s.en", text("en"))
     tgt = write(tmp_path / "t.de", text("de"))
     prefix = str(tmp_path / "p")
-    code, out, err = run_cli(tags_args(src, tgt, prefix), capsys)
-    assert code == 0, err
+    out = run_ok(tags_args(src, tgt, prefix), capsys)
     assert "2 documents, 3 sentences" in out
     assert "1 talk without transcript lines skipped: 8" in out
     assert read_lines(prefix + ".docids") == ["7", "7", "9"]
