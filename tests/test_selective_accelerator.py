@@ -61,7 +61,8 @@ def test_training_step_equals_the_cpus_path(word_attn, integration, memory, monk
     """Float64, dropout 0: the loss and every gradient of a training step on
     the accelerator's path equal the CPU's to 1e-12 (the selected sentences
     against the CPU's compacted tiles, the padded FFN against the real
-    tokens' FFN, the full sort in sparsemax against the partial one)."""
+    tokens' FFN; sparsemax's partial sort, which needs rows of more than 128
+    sentences, is checked against the full sort in test_selective_exact)."""
     model, d = build(["--word-attn", word_attn], integration=integration, memory=memory)
     model.train()  # (dropout is off in the tiny models)
     batch = collate(d, corpus(d, [9, 4, 6]), list(range(19)), "online", integration)
@@ -175,10 +176,12 @@ def test_an_overflow_in_a_sentence_of_weight_0_stays_out(path, dtype):
         assert torch.isfinite(t.grad).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("integration", ["encoder", "decoder"])
-def test_a_half_precision_training_step_is_finite(integration):
-    """``model.half()`` training step on the accelerator's path (the selected
-    sentences, a frozen memory): finite loss and gradients, near float32's."""
+def test_a_half_precision_training_step_is_finite(integration, dtype):
+    """A half-precision model's training step (``--fp16``: the model cast;
+    bf16 alike) on the accelerator's path (the selected sentences, a frozen
+    memory): finite loss and gradients, near float32's."""
     model, d = build(["--context-memory", "frozen"], integration=integration, double=False)
     batch = collate(d, corpus(d, [9, 4]), list(range(13)), "online", integration)
     model.train()
@@ -186,10 +189,11 @@ def test_a_half_precision_training_step_is_finite(integration):
         with torch.no_grad():
             ref = model(**batch["net_input"])[0]
         model.clear_memory_cache()
-        model.half()
+        model.to(dtype)
         out = model(**batch["net_input"])[0]
         out.float().logsumexp(-1).sum().backward()
-    assert torch.isfinite(out).all() and (out.float() - ref).abs().max() < 1e-2
+    tol = 1e-2 if dtype == torch.float16 else 6e-2  # bf16: 8 bits of mantissa
+    assert torch.isfinite(out).all() and (out.float() - ref).abs().max() < tol
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
@@ -290,7 +294,8 @@ def test_bench_trace_counts_the_accelerators_step(capsys):
     assert sel["memory_sentences"] >= 20
     (layer,) = sel["context_layers"]
     assert layer["aten_ops"] > 50 and layer["flops"] > 0
-    assert 1.0 <= layer["word_flops_ratio"] <= 24 / 19  # source sentences: 19 words
+    # source sentences of 19 words, computed in 24 columns; 14 w d executed per 12 w d
+    assert 14 / 12 <= layer["word_flops_ratio"] <= 24 / 19 * 14 / 12
     assert 0.0 < layer["selected_share"] < 1.0
     assert sel["peak_live_gb"] > base["peak_live_gb"] > 0
 

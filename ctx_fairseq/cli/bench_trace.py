@@ -25,8 +25,9 @@ traced instead, on every batch of the split (the task's batching at
   counted; a fused op counts once), ``flops``, and for the hierarchical word
   level ``word_flops_executed`` (the selected sentences' forward and
   backward) against ``word_flops_selected``, the work on the selected
-  sentences' real words (``14 w d`` per selected (query token, head,
-  sentence) of ``w`` words: 4 forward, 10 backward), and
+  sentences' real words (``12 w d`` per selected (query token, head,
+  sentence) of ``w`` words: 4 forward, 8 backward; the backward's
+  recomputation of the scores is overhead, not work), and
   ``selected_share``: the share of the visible (query token, head,
   sentence) triples that Eq. 3's sparsemax gives a weight.
 """
@@ -184,7 +185,9 @@ def _word_level(words: List[tuple]) -> Dict:
         executed += float(flops.total)
         real = word_mask.sum(1)[index].to(torch.float64)  # G x J: each sentence's words
         on = (weight != 0).to(torch.float64)
-        selected += 14.0 * q.size(-1) * float((on * real[:, None, None, :]).sum())
+        # the work: 4 w d forward (scores, values), 8 w d backward (g . v, dq, dk, dv);
+        # the backward's recomputed scores are overhead, not work
+        selected += 12.0 * q.size(-1) * float((on * real[:, None, None, :]).sum())
     return {"word_flops_executed": executed, "word_flops_selected": selected,
             "word_flops_ratio": executed / selected if selected else None}
 
@@ -259,7 +262,7 @@ def format_trace(report: Dict) -> str:
                         if c.get("word_flops_ratio")) or "-"
         share = " + ".join(f"{100 * c['selected_share']:.1f} %" for c in layers
                            if "selected_share" in c) or "-"
-        ratio = "-" if r["flops_ratio"] != r["flops_ratio"] else f"{r['flops_ratio']:.3f}"
+        ratio = "-" if r["flops_ratio"] is None else f"{r['flops_ratio']:.3f}"
         lines.append(f"| `{r['arch']}` | {r['batch_sentences']} | {r['memory_sentences'] or '-'} "
                      f"| {r['target_tokens']} | {r['step_flops'] / 1e9:.1f} | {ratio} | "
                      f"{r['peak_live_gb']:.2f} | {ops} | {wr} | {share} |")
@@ -310,7 +313,7 @@ def trace_checkpoint(path: str, data: str, split: str, max_tokens: int, log=prin
                    f"({os.path.basename(path)}, {split})",
            "batches": len(steps), "batch_sentences": sum(s["batch_sentences"] for s in steps),
            "memory_sentences": None, "target_tokens": tokens,
-           "step_flops": sum(s["step_flops"] for s in steps), "flops_ratio": float("nan"),
+           "step_flops": sum(s["step_flops"] for s in steps), "flops_ratio": None,
            "peak_live_gb": max(s["peak_live_gb"] for s in steps),
            "context_layers": [_sum_layers([b[i] for b in layers if len(b) > i])
                               for i in range(max((len(b) for b in layers), default=0))]}

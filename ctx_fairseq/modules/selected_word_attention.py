@@ -31,21 +31,25 @@ own sentence only.
 
 Cost. The pairs are counted per width class on the device and the counts
 read back once (``tolist``: the one host read of the context layer per
-pass, which sizes the pair list; ``nonzero_static`` then lists the pairs
+pass, which sizes the pair list; a cumulative sum then lists the pairs
 without another, and the backward reuses the list). They are processed per
 class in chunks of ``chunk_elems // (W d)`` pairs, each chunk a gather of
 its keys and values and two batched products, so the executed word-level
 FLOPs are those of the selected sentences (``4 N W d`` forward for ``N``
 pairs of width ``W``; the CPU's compacted tiles compute whole blocks of 16
 sentences and whole tiles every sentence) and the number of launched ops
-grows with ``N / chunk`` and the classes present, not with the document.
-Memory: the pair list (``N`` longs, several) and one chunk.
+grows with ``N / chunk`` and the width classes present (about 47 ops per
+class, forward and backward), not with the document. Memory: per pair its
+indices, query and gradient rows (``N d``) and its words' positions and
+padding (``N W``), computed once per pass, and one chunk.
 
 Exactness and batch independence. Every pair is computed from its own
 query row and its own sentence in shapes of its own; a row's pairs are added
 to it in the order (width class, sentence) whatever the chunking
-(``index_add_`` in index order), so a sentence's result does not depend on
-the other documents of the batch (tested bitwise on the CPU). Matrix products run in the operands' dtype (the autocast dtype in
+(``index_add_`` in index order on the CPU), so a sentence's result does not
+depend on the other documents of the batch (tested bitwise on the CPU; on
+a GPU ``index_add_`` adds with atomics, in no fixed order, so there the last
+bits can vary). Matrix products run in the operands' dtype (the autocast dtype in
 an autocast region), normalisation and accumulation in float32 at least; a
 sentence of weight 0 is never computed, so a half-precision overflow there
 cannot reach the output (``0 x inf``).
@@ -78,20 +82,38 @@ CHUNK_ELEMS = 1 << 26
 WIDTHS = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 
+_WIDTHS_ON = {}  # device -> WIDTHS as a tensor there (made once: a copy from the host waits)
+
+
 def _spans(word_mask: Tensor) -> Tuple[Tensor, Tensor]:
     """Each memory sentence's first real word column and its width class
     (an index into :data:`WIDTHS` covering first to last real word)."""
     S, L = word_mask.shape
-    cols = torch.arange(L, device=word_mask.device)
-    real = word_mask.to(torch.bool)
-    first = torch.where(real, cols, L).amin(1).clamp(max=max(L - 1, 0))
-    last = torch.where(real, cols, -1).amax(1)
-    width = (last - first + 1).clamp(min=1)
-    widths = torch.tensor(WIDTHS, device=word_mask.device)
     if L > WIDTHS[-1]:
         raise ValueError(f"memory sentences of {L} columns: the selected word level takes "
                          f"at most {WIDTHS[-1]}")
+    cols = torch.arange(max(L, 1), device=word_mask.device)[:L]
+    real = word_mask.to(torch.bool)
+    first = torch.where(real, cols, L).amin(1).clamp(max=max(L - 1, 0)) if L else \
+        cols.new_zeros(S)
+    last = torch.where(real, cols, -1).amax(1) if L else cols.new_zeros(S)
+    width = (last - first + 1).clamp(min=1)
+    widths = _WIDTHS_ON.get(word_mask.device)
+    if widths is None:
+        widths = _WIDTHS_ON[word_mask.device] = torch.tensor(WIDTHS, device=word_mask.device)
     return first, torch.searchsorted(widths, width)
+
+
+def _positions(on: Tensor, n: int) -> Tensor:
+    """The flat indices of the ``n`` True entries of ``on`` (1-d bool), in
+    order, without a host read (``n`` known): each True entry's rank among
+    them (a cumulative sum) places its index; the others go to a slot past
+    the end, dropped. (``torch.nonzero_static`` would do it, but has no CUDA
+    kernel before torch 2.6.)"""
+    rank = torch.where(on, on.cumsum(0) - 1, n)
+    out = torch.zeros(n + 1, dtype=torch.long, device=on.device)
+    out.scatter_(0, rank, torch.arange(on.numel(), device=on.device))
+    return out[:n]
 
 
 class _Pairs:
@@ -115,7 +137,7 @@ class _Pairs:
             per = torch.zeros(len(WIDTHS), dtype=torch.long, device=weight.device)
             per.scatter_add_(0, cls_gj.reshape(-1), on.sum((1, 2)).reshape(-1))
             counts = per.tolist()  # the one host read: how many pairs of each width
-            flat = torch.nonzero_static(on.reshape(-1), size=sum(counts)).squeeze(1)
+            flat = _positions(on.reshape(-1), sum(counts))
             order = torch.argsort(cls_gj.reshape(-1)[(flat // (H * M * J)) * J + flat % J],
                                   stable=True)
             flat = flat[order]
