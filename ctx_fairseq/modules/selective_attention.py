@@ -125,25 +125,16 @@ sentences only (:func:`ctx_fairseq.modules.selected_word_attention.selected_word
 one host read per pass, which sizes their list); otherwise it is streamed
 over blocks of memory sentences by
 :func:`ctx_fairseq.modules.word_attention.streamed_word_attention`
-(its docstring has the equations and gradients). Eq. 4 normalises within one
-sentence and Eq. 5 multiplies by that sentence's weight, so a block of whole
-sentences is complete: per block, one matrix product with the block's word
-keys, the per-sentence normaliser, the weights, one product with the values;
-the backward recomputes the block. No tensor pairs every query token with
-every word of its document; memory is linear in the document
-(``O(B H T S_max)`` for the sentence weights plus one tile). Sentences
-outside the Eq. 3 support have weight 0 and a zero sparsemax Jacobian, so
-weighting every sentence equals restricting to the support: exact (equal to
-the previous gathered implementation, tested from git), and ``selective``
-(the model's ``--dense-doc-attention`` off) and the dense setting are one
-computation. With the collater's ``mem_doc_rows_by_len`` (each document's
-sentences longest first) and host spans, a block reads only the token
-columns its sentences occupy. The blocks start at each group's first memory
-sentence and have a fixed size, tiles past a group's last sentence add
-exactly 0, and the sentence level uses contiguous matrix products, so a
-sentence's result does not depend on which other documents share its batch
-(tested bitwise in float32 on the CPU). FLOPs and memory as formulas:
-docs/transformer_selective_doc.md.
+(each module's docstring has the equations and gradients). No tensor pairs
+every query token with every word of its document; memory is linear in the
+document. Sentences outside the Eq. 3 support have weight 0 and a zero
+sparsemax Jacobian, so weighting every sentence equals restricting to the
+support: exact, and ``selective`` (``--dense-doc-attention`` off) and the
+dense setting are one computation. With the collater's
+``mem_doc_rows_by_len`` and host spans, a block reads only the token columns
+its sentences occupy. A sentence's result does not depend on which other
+documents share its batch (tested bitwise in float32 on the CPU). FLOPs and
+memory as formulas: docs/transformer_selective_doc.md.
 
 Decoder integration / incremental decoding: queries are independent per
 position and the module keeps no state across steps, so a decoder computes
@@ -188,6 +179,12 @@ __all__ = [
 ]
 
 ATTENTION_TYPES = ("hierarchical", "flat-sentence", "flat-word")
+#: the keyword arguments of :meth:`HierarchicalContextAttention.forward` that
+#: describe the queries' layout (the collater's index tensors)
+QUERY_LAYOUT = ("query_groups", "query_tokens", "group_rows", "query_window")
+#: the keyword arguments of :class:`HierarchicalContextAttention` for its word
+#: level (block and tile sizes) and the kept ones of old configurations
+WORD_LEVEL_OPTIONS = ("selective", "word_capacity", "word_block", "tile_elems")
 #: the removed opt-in capacity of the word level (``--doc-word-capacity``): 0 is the
 #: only value (the streamed word level is exact and faster than the capacity was)
 WORD_CAPACITY = 0
@@ -203,6 +200,7 @@ class HierarchicalContextAttention(nn.Module):
         sentence_attn: Eq. 3 normaliser, "sparsemax" (paper) or "softmax" (ablation).
         word_attn: Eq. 4 normaliser, "softmax" (sparse-soft) or "sparsemax"
             (sparse-sparse).
+        (By keyword only, the word level's options :data:`WORD_LEVEL_OPTIONS`:)
         selective: kept for old configurations (``--dense-doc-attention``):
             the streamed word level weights every sentence by its Eq. 3
             weight, 0 outside the support, so both settings are one
@@ -229,11 +227,16 @@ class HierarchicalContextAttention(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, attention: str = "hierarchical",
                  sentence_attn: str = "sparsemax", word_attn: str = "softmax",
-                 selective: bool = True, attention_dropout: float = 0.0,
-                 kdim: Optional[int] = None, vdim: Optional[int] = None,
-                 sentence_distance: int = 0, word_capacity: int = WORD_CAPACITY,
-                 word_block: Optional[int] = None, tile_elems: Optional[int] = None):
+                 attention_dropout: float = 0.0, kdim: Optional[int] = None,
+                 vdim: Optional[int] = None, sentence_distance: int = 0, **word_level):
         super().__init__()
+        unknown = set(word_level) - set(WORD_LEVEL_OPTIONS)
+        if unknown:
+            raise TypeError(f"unexpected arguments {sorted(unknown)}; the word level's options "
+                            f"are {', '.join(WORD_LEVEL_OPTIONS)}")
+        selective = bool(word_level.get("selective", True))
+        word_capacity = word_level.get("word_capacity", WORD_CAPACITY)
+        word_block, tile_elems = word_level.get("word_block"), word_level.get("tile_elems")
         if attention not in ATTENTION_TYPES:
             raise ValueError(f"attention: expected one of {ATTENTION_TYPES}, got {attention!r}")
         if sentence_attn not in NORMALIZERS or word_attn not in NORMALIZERS:
@@ -397,9 +400,7 @@ class HierarchicalContextAttention(nn.Module):
     def forward(self, query: Tensor, memory: ProjectedMemory, query_doc: Tensor,
                 query_pos: Tensor, online: bool, query_padding_mask: Optional[Tensor] = None,
                 need_weights: bool = False, need_word_weights: bool = False,
-                return_stats: bool = False, query_groups: Optional[Tensor] = None,
-                query_tokens: Optional[Tensor] = None, group_rows=None,
-                query_window: Optional[Tensor] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
+                return_stats: bool = False, **layout) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Context attention for ``query`` (``T x B x C``) over ``memory``.
 
         ``query_window`` (``(B,)`` long, optional): each query's largest
@@ -452,88 +453,22 @@ class HierarchicalContextAttention(nn.Module):
           ``query_padding_mask`` (``B x T``, True = pad) only serves these
           statistics.
         """
+        unknown = set(layout) - set(QUERY_LAYOUT)
+        if unknown:
+            raise TypeError(f"unexpected arguments {sorted(unknown)}; the query layout takes "
+                            f"{', '.join(QUERY_LAYOUT)}")
         T, B, C = query.shape
         if query_doc.shape != (B,) or query_pos.shape != (B,):
             raise ValueError("query_doc/query_pos: expected (B,) tensors")
-        H, hd = self.num_heads, self.head_dim
         want_word_w = need_word_weights and self.uses_words
-        real_tok = (~query_padding_mask.to(torch.bool) if query_padding_mask is not None
-                    else torch.ones(B, T, dtype=torch.bool, device=query.device))
-        s_max = memory.max_sentences
         info: Dict[str, Tensor] = {}
-        if memory.num_sentences == 0 or s_max == 0:  # static: nothing to attend to
-            out = query.new_zeros(T, B, C)
-            has_context = torch.zeros(B, dtype=torch.bool, device=query.device)
-            if torch.is_grad_enabled():
-                # keep every parameter in the graph (exactly zero gradient), so that
-                # DDP without find_unused_parameters does not stall on such a batch
-                out = out + 0.0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
-            a_s = query.new_zeros(B, H, T, 0)
-            rows = valid = torch.zeros(B, 0, dtype=torch.long, device=query.device)
-            a_w = query.new_zeros(B, H, T, 0, memory.max_len) if want_word_w else None
-            st = query.new_zeros(6, dtype=torch.float64) if return_stats else None
+        if memory.num_sentences == 0 or memory.max_sentences == 0:  # nothing to attend to
+            out, has_context, a_s, rows, valid, a_w, st = self._no_memory(
+                query, memory, want_word_w, return_stats)
         else:
-            rows, valid, vis = self.query_layout(memory, query_doc, query_pos, online,
-                                                 query_window)
-            doc_rows = memory.doc_rows
-            s_real = s_max  # reported weights: the memory index's own width
-            block = self.block_for(query.device)
-            extra = -s_max % block
-            if extra:  # whole blocks: a sentence's result must not depend on the batch's S_max
-                rows, valid, vis = (nn.functional.pad(x, (0, extra)) for x in (rows, valid, vis))
-                if query_groups is not None:
-                    doc_rows = nn.functional.pad(doc_rows, (0, extra))
-                s_max += extra
-            has_context = vis.any(1)
-            tok = real_tok & has_context.unsqueeze(1)  # B x T: tokens counted in stats
-            bias = self._distance_bias(query_pos, memory, rows)  # B x H x 1 x S_max or None
-            by_len = None
-            if query_groups is not None and memory.by_length is not None:
-                rows_l, order_l, span_l = memory.by_length
-                if extra:
-                    order_l = torch.cat([order_l, torch.arange(
-                        s_real, s_max, device=order_l.device).expand(order_l.size(0), -1)], 1)
-                    rows_l = nn.functional.pad(rows_l, (0, extra))
-                    span_l = np.concatenate([span_l, np.broadcast_to(
-                        np.array([memory.max_len, 0]), (span_l.shape[0], extra, 2))], 1)
-                by_len = (rows_l, order_l, span_l)
-            if query_groups is not None and query_groups.size(0) != doc_rows.size(0):
-                raise ValueError(f"query_groups: {query_groups.size(0)} documents, the memory "
-                                 f"index {doc_rows.size(0)}")
-            lay = QueryLayout(T, B, rows, doc_rows, query_groups, by_len, query_tokens, group_rows)
-            vis_g = lay.group(vis[:, None, None, :].expand(B, 1, T, s_max), False)
-            bias_g = lay.group(bias.expand(B, H, T, s_max), 0.0) if bias is not None else None
-            q_s = q_w = None
-            if self.uses_sentences:
-                q_s = lay.group((self.q_s_proj(query) * self.scaling).view(T, B, H, hd).permute(
-                    1, 2, 0, 3), 0.0)
-            if self.uses_words:
-                q_w = lay.group((self.q_w_proj(query) * self.scaling).view(T, B, H, hd).permute(
-                    1, 2, 0, 3), 0.0)
-            want_sent = need_weights or return_stats
-            if self.attention == "hierarchical":
-                o, a_g, nnz = self._hierarchical(q_s, q_w, memory, lay, vis_g, bias_g,
-                                                 return_stats)
-            elif self.attention == "flat-sentence":
-                o, a_g, nnz = self._flat_sentence(q_s, memory, lay, vis_g, bias_g)
-            else:
-                o, a_g, nnz = self._flat_word(q_w, memory, lay, vis_g, bias_g, want_sent)
-            a_s = lay.ungroup(a_g.detach()) if want_sent else None  # B x H x T x S_max
-            st = None
-            if return_stats:
-                st = self._stats(vis, tok, a_s != 0,
-                                 lay.ungroup(nnz) if nnz is not None else None,
-                                 torch.zeros_like(tok.unsqueeze(1).expand(B, H, T)))
-            if want_sent:
-                a_s = a_s[..., :s_real]
-            rows, valid, vis = rows[:, :s_real], valid[:, :s_real], vis[:, :s_real]
-            a_w = None
-            if want_word_w:
-                a_w = self._dense_word_weights(lay.ungroup(q_w), memory, rows, a_s, vis,
-                                               bias[..., :s_real] if bias is not None else None)
-            o = lay.ungroup(o).permute(2, 0, 1, 3)  # T x B x H x d
-            out = self.out_proj(o.reshape(T, B, C))
-            out = out.masked_fill(~has_context.view(1, B, 1), 0.0)
+            out, has_context, a_s, rows, valid, a_w, st = self._attend(
+                query, memory, query_doc, query_pos, online, query_padding_mask,
+                need_weights or return_stats, want_word_w, return_stats, layout)
         info["has_context"] = has_context
         if need_weights:
             info["sent_weights"] = a_s.detach()
@@ -542,19 +477,116 @@ class HierarchicalContextAttention(nn.Module):
         if want_word_w:
             info["word_weights"] = a_w
         if st is not None:
-            n_th, n_pairs = st[0].clamp(min=1), st[3].clamp(min=1)
-            info["sentence_support"] = st[1] / n_th
-            info["visible_sentences"] = st[2] / n_th
-            info["num_token_heads"] = st[0]
-            info["sentence_support_sum"] = st[1]
-            info["visible_sentences_sum"] = st[2]
-            if self.uses_words:
-                info["word_support"] = st[4] / n_pairs
-                info["num_support_pairs"] = st[3]
-                info["word_support_sum"] = st[4]
-            if self.attention == "hierarchical":
-                info["word_overflow_sum"] = st[5]
+            self._stats_info(info, st)
         return out, info
+
+    def _no_memory(self, query: Tensor, memory: ProjectedMemory, want_word_w: bool,
+                   return_stats: bool):
+        """The static output of a memory without sentences: 0, no context."""
+        T, B, C = query.shape
+        out = query.new_zeros(T, B, C)
+        if torch.is_grad_enabled():
+            # keep every parameter in the graph (exactly zero gradient), so that
+            # DDP without find_unused_parameters does not stall on such a batch
+            out = out + 0.0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
+        rows = torch.zeros(B, 0, dtype=torch.long, device=query.device)
+        return (out, torch.zeros(B, dtype=torch.bool, device=query.device),
+                query.new_zeros(B, self.num_heads, T, 0), rows, rows,
+                query.new_zeros(B, self.num_heads, T, 0, memory.max_len) if want_word_w
+                else None,
+                query.new_zeros(6, dtype=torch.float64) if return_stats else None)
+
+    def _whole_blocks(self, memory: ProjectedMemory, rows: Tensor, valid: Tensor, vis: Tensor,
+                      grouped: bool):
+        """The query sentences' memory index padded to whole blocks of the word
+        level (a sentence's result must not depend on the batch's ``S_max``),
+        with the memory's document index and its order by length alike:
+        ``(rows, valid, vis, doc_rows, by_length)``."""
+        s_real = memory.max_sentences
+        extra = -s_real % self.block_for(rows.device)
+        doc_rows = memory.doc_rows
+        by_len = memory.by_length if grouped else None
+        if extra:
+            rows, valid, vis = (nn.functional.pad(x, (0, extra)) for x in (rows, valid, vis))
+            doc_rows = nn.functional.pad(doc_rows, (0, extra)) if grouped else doc_rows
+            if by_len is not None:
+                rows_l, order_l, span_l = by_len
+                order_l = torch.cat([order_l, torch.arange(
+                    s_real, s_real + extra, device=order_l.device).expand(order_l.size(0), -1)],
+                    1)
+                span_l = np.concatenate([span_l, np.broadcast_to(
+                    np.array([memory.max_len, 0]), (span_l.shape[0], extra, 2))], 1)
+                by_len = (nn.functional.pad(rows_l, (0, extra)), order_l, span_l)
+        return rows, valid, vis, doc_rows, by_len
+
+    def _attend(self, query: Tensor, memory: ProjectedMemory, query_doc: Tensor,
+                query_pos: Tensor, online: bool, query_padding_mask: Optional[Tensor],
+                want_sent: bool, want_word_w: bool, return_stats: bool, layout: Dict):
+        """Eq. 3-6 for a memory with sentences: ``(out, has_context, alpha_s,
+        rows, valid, word weights, statistics)`` (see :meth:`forward`)."""
+        T, B, C = query.shape
+        H, hd, s_real = self.num_heads, self.head_dim, memory.max_sentences
+        groups = layout.get("query_groups")
+        rows, valid, vis = self.query_layout(memory, query_doc, query_pos, online,
+                                             layout.get("query_window"))
+        rows, valid, vis, doc_rows, by_len = self._whole_blocks(memory, rows, valid, vis,
+                                                                groups is not None)
+        s_max = rows.size(1)
+        has_context = vis.any(1)
+        bias = self._distance_bias(query_pos, memory, rows)  # B x H x 1 x S_max or None
+        if groups is not None and groups.size(0) != doc_rows.size(0):
+            raise ValueError(f"query_groups: {groups.size(0)} documents, the memory "
+                             f"index {doc_rows.size(0)}")
+        lay = QueryLayout(T, B, rows, doc_rows, groups, by_len, layout.get("query_tokens"),
+                          layout.get("group_rows"))
+        vis_g = lay.group(vis[:, None, None, :].expand(B, 1, T, s_max), False)
+        bias_g = lay.group(bias.expand(B, H, T, s_max), 0.0) if bias is not None else None
+        q_s = q_w = None
+        if self.uses_sentences:
+            q_s = lay.group((self.q_s_proj(query) * self.scaling).view(T, B, H, hd).permute(
+                1, 2, 0, 3), 0.0)
+        if self.uses_words:
+            q_w = lay.group((self.q_w_proj(query) * self.scaling).view(T, B, H, hd).permute(
+                1, 2, 0, 3), 0.0)
+        if self.attention == "hierarchical":
+            o, a_g, nnz = self._hierarchical(q_s, q_w, memory, lay, vis_g, bias_g, return_stats)
+        elif self.attention == "flat-sentence":
+            o, a_g, nnz = self._flat_sentence(q_s, memory, lay, vis_g, bias_g)
+        else:
+            o, a_g, nnz = self._flat_word(q_w, memory, lay, vis_g, bias_g, want_sent)
+        a_s = lay.ungroup(a_g.detach()) if want_sent else None  # B x H x T x S_max
+        st = None
+        if return_stats:
+            real_tok = (~query_padding_mask.to(torch.bool) if query_padding_mask is not None
+                        else torch.ones(B, T, dtype=torch.bool, device=query.device))
+            tok = real_tok & has_context.unsqueeze(1)  # B x T: tokens counted in stats
+            st = self._stats(vis, tok, a_s != 0, lay.ungroup(nnz) if nnz is not None else None,
+                             torch.zeros_like(tok.unsqueeze(1).expand(B, H, T)))
+        if want_sent:
+            a_s = a_s[..., :s_real]
+        rows, valid, vis = rows[:, :s_real], valid[:, :s_real], vis[:, :s_real]
+        a_w = None
+        if want_word_w:
+            a_w = self._dense_word_weights(lay.ungroup(q_w), memory, rows, a_s, vis,
+                                           bias[..., :s_real] if bias is not None else None)
+        o = lay.ungroup(o).permute(2, 0, 1, 3)  # T x B x H x d
+        out = self.out_proj(o.reshape(T, B, C)).masked_fill(~has_context.view(1, B, 1), 0.0)
+        return out, has_context, a_s, rows, valid, a_w, st
+
+    def _stats_info(self, info: Dict[str, Tensor], st: Tensor) -> None:
+        """The statistics' means, sums and counts into ``info`` (:meth:`forward`)."""
+        n_th, n_pairs = st[0].clamp(min=1), st[3].clamp(min=1)
+        info["sentence_support"] = st[1] / n_th
+        info["visible_sentences"] = st[2] / n_th
+        info["num_token_heads"] = st[0]
+        info["sentence_support_sum"] = st[1]
+        info["visible_sentences_sum"] = st[2]
+        if self.uses_words:
+            info["word_support"] = st[4] / n_pairs
+            info["num_support_pairs"] = st[3]
+            info["word_support_sum"] = st[4]
+        if self.attention == "hierarchical":
+            info["word_overflow_sum"] = st[5]
 
     # ------------------------------------------------------------ pieces
     def _stats(self, vis: Tensor, tok: Tensor, sent_sel: Tensor,
@@ -754,20 +786,13 @@ class DocumentContextLayer(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, ffn_embed_dim: int,
-                 attention: str = "hierarchical", sentence_attn: str = "sparsemax",
-                 word_attn: str = "softmax", selective: bool = True, dropout: float = 0.0,
-                 attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 activation_fn: str = "relu", kdim: Optional[int] = None,
-                 vdim: Optional[int] = None, export: bool = False,
-                 sentence_distance: int = 0, word_capacity: int = WORD_CAPACITY,
-                 word_block: Optional[int] = None, tile_elems: Optional[int] = None):
+                 dropout: float = 0.0, activation_dropout: float = 0.0,
+                 activation_fn: str = "relu", export: bool = False, **attention):
         super().__init__()
         self.embed_dim = embed_dim
-        self.context_attn = HierarchicalContextAttention(
-            embed_dim, num_heads, attention=attention, sentence_attn=sentence_attn,
-            word_attn=word_attn, selective=selective, attention_dropout=attention_dropout,
-            kdim=kdim, vdim=vdim, sentence_distance=sentence_distance,
-            word_capacity=word_capacity, word_block=word_block, tile_elems=tile_elems)
+        # (attention, sentence_attn, word_attn, attention_dropout, kdim, vdim,
+        # sentence_distance and the word level's options, by keyword)
+        self.context_attn = HierarchicalContextAttention(embed_dim, num_heads, **attention)
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.attn_layer_norm = LayerNorm(embed_dim, export=export)
         self.activation_fn = utils.get_activation_fn(activation_fn)
@@ -835,11 +860,12 @@ class DocumentContextLayer(nn.Module):
     def forward(self, r: Tensor, memory: ProjectedMemory, query_doc: Tensor,
                 query_pos: Tensor, online: bool, query: Optional[Tensor] = None,
                 query_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
-                need_word_weights: bool = False, return_stats: bool = False,
-                query_groups: Optional[Tensor] = None, query_tokens: Optional[Tensor] = None,
-                group_rows=None, query_window: Optional[Tensor] = None
-                ) -> Tuple[Tensor, Dict[str, Tensor]]:
-        """Returns ``(r~, info)``: ``r~`` ``T x B x C``; ``info`` holds the
+                return_stats: bool = False, **options) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """``options``: ``need_word_weights`` and the query layout
+        (:data:`QUERY_LAYOUT`), by keyword, as
+        :meth:`HierarchicalContextAttention.forward` takes them.
+
+        Returns ``(r~, info)``: ``r~`` ``T x B x C``; ``info`` holds the
         attention's info plus ``d`` (context layer output) and ``gate``
         (``gamma``, 1 where bypassed). With ``return_stats`` also (float64)
         ``gate_sum``: the sum of ``gamma`` (Eq. 7, averaged over the model
@@ -849,12 +875,11 @@ class DocumentContextLayer(nn.Module):
         a, info = self.context_attn(
             r if query is None else query, memory, query_doc, query_pos, online,
             query_padding_mask=query_padding_mask, need_weights=need_weights,
-            need_word_weights=need_word_weights, return_stats=return_stats,
-            query_groups=query_groups, query_tokens=query_tokens, group_rows=group_rows,
-            query_window=query_window)
+            return_stats=return_stats, **options)
         has_context = info["has_context"]
-        if query_tokens is not None:  # the real query tokens only (the collater's index)
-            r_tilde, d, gamma = self._real_tokens(a, r, has_context, query_tokens, group_rows)
+        if options.get("query_tokens") is not None:  # the real query tokens only
+            r_tilde, d, gamma = self._real_tokens(a, r, has_context, options["query_tokens"],
+                                                  options.get("group_rows"))
         else:
             d = self._context_output(a).masked_fill(~has_context.view(1, -1, 1), 0.0)
             r_tilde, gamma = self.gate(r, d, has_context)
