@@ -58,7 +58,11 @@ Options (besides those of ``translation``):
     ``--document-batching``.
 ``--document-batching``
     batches of whole documents (or consecutive chunks of a document too large
-    for ``--max-tokens``); distributed shards then hold whole documents.
+    for ``--max-tokens``). Distributed workers get fairseq's round-robin
+    shards of the shuffled batches (the batches of an update depend on the
+    seed and epoch only, not on the number of workers); generation with
+    ``--own-target-context`` and ``--num-shards`` keeps documents whole per
+    shard (:class:`~ctx_fairseq.data.batching.DocumentShardedEpochBatchIterator`).
 ``--context-separator SYMBOL``
     token that ends each context sentence (default ``</s>``); must be in the
     dictionaries.
@@ -135,7 +139,7 @@ from fairseq.tasks.translation import TranslationTask
 from ctx_fairseq.data.concat_dataset import ConcatContextDataset
 from ctx_fairseq.data.contract import ContextSpec, model_contract
 from ctx_fairseq.data.document_dataset import DocumentContextDataset
-from ctx_fairseq.data.batching import DocumentShardedEpochBatchIterator
+from ctx_fairseq.data.batching import DocumentShardedEpochBatchIterator, document_groups
 from ctx_fairseq.data.layouts import merge_context_layouts, normalise_context_layout
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.context_options import validate_context_options
@@ -221,10 +225,17 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
             self._interactive.expected = deque(
                 (dataset, np.asarray(b, dtype=np.int64)) for b in itr.frozen_batches if len(b))
             return itr
+        # fairseq deals the shuffled batches round-robin, so that the batches of an
+        # update depend on (seed, epoch) only: N workers run the micro-batches one
+        # process with --update-freq N runs. Every batch carries its own context (or
+        # document memory), so a document's chunks may run on different workers. Only
+        # --own-target-context needs its documents whole on one worker, translated in
+        # order (a sentence's target context is the model's output for the one before).
         doc_sharding = (isinstance(dataset, DocumentContextDataset) and dataset.document_batching
-                        and num_shards > 1)
+                        and num_shards > 1 and bool(getattr(self.cfg, "own_target_context",
+                                                            False)))
         if not doc_sharding:
-            return super().get_batch_iterator(
+            itr = super().get_batch_iterator(
                 dataset, max_tokens=max_tokens, max_sentences=max_sentences,
                 max_positions=max_positions, ignore_invalid_inputs=ignore_invalid_inputs,
                 required_batch_size_multiple=required_batch_size_multiple, seed=seed,
@@ -232,7 +243,12 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
                 data_buffer_size=data_buffer_size, disable_iterator_cache=disable_iterator_cache,
                 skip_remainder_batch=skip_remainder_batch, grouped_shuffling=grouped_shuffling,
                 update_epoch_batch_itr=update_epoch_batch_itr)
-        # whole documents per shard: same batches as fairseq would make, dealt by document
+            if num_shards > 1 and not callable(getattr(itr, "frozen_batches", None)):
+                self._warn_if_idle(dataset, len(itr.frozen_batches), "batches", num_shards,
+                                   shard_id, shard_id < len(itr.frozen_batches))
+            return itr
+        # --own-target-context: whole documents per shard, the batches fairseq makes,
+        # dealt by document
         reuse = (not disable_iterator_cache and not update_epoch_batch_itr
                  and self.can_reuse_epoch_itr(dataset))
         if reuse and dataset in self.dataset_to_epoch_iter:
@@ -255,7 +271,24 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
             persistent_workers=getattr(self.cfg, "persistent_workers", True))
         if reuse:
             self.dataset_to_epoch_iter[dataset] = epoch_iter
+        groups = len(document_groups(epoch_iter.frozen_batches, dataset.doc_index))
+        self._warn_if_idle(dataset, groups, "document groups", num_shards, shard_id,
+                           bool(epoch_iter.shard_batches()))
         return epoch_iter
+
+    def _warn_if_idle(self, dataset, count: int, what: str, num_shards: int, shard_id: int,
+                      has_batches: bool) -> None:
+        """Warn (once per split and worker) when this worker gets no batch of
+        ``dataset``: it would run padding batches only."""
+        warned = self.__dict__.setdefault("_idle_warned", set())
+        key = (id(dataset), num_shards, shard_id)
+        if has_batches or key in warned:
+            return
+        warned.add(key)
+        logger.warning(
+            "worker %d of %d gets no batch: %d %s for %d workers, so it runs padding batches "
+            "only (no gradient, no sentences); use fewer workers or smaller batches "
+            "(--max-tokens / --batch-size)", shard_id, num_shards, count, what, num_shards)
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)

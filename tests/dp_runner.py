@@ -1,0 +1,48 @@
+"""fairseq-train in a process of its own, recording what it trains on: run
+as ``python dp_runner.py OUT ARGV...`` (``RANK`` in the environment, 0 for
+a single process). Every update appends the sentence ids of each of its
+micro-batches to ``OUT/ids.RANK`` (one line per update, micro-batches
+separated by ``|``, ``-`` for a padding batch), the update's logged
+statistics (the trainer's return value) to ``OUT/stats.RANK`` (one JSON
+object a line), and rank 0 saves the model's
+parameters after the update to ``OUT/params.K.pt`` (``K`` = the update's
+number, from 1). fairseq-train's own entry (``cli_main``: argument parsing,
+``distributed_utils.call_main``) runs as a user runs it."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import ctx_fairseq  # noqa: E402,F401
+from fairseq.trainer import Trainer  # noqa: E402
+
+OUT = sys.argv[1]
+RANK = os.environ.get("RANK", "0")
+_train_step = Trainer.train_step
+
+
+def train_step(self, samples, raise_oom=False):
+    parts = [" ".join(map(str, s["id"].tolist())) if s else "-" for s in samples]
+    with open(os.path.join(OUT, f"ids.{RANK}"), "a") as f:
+        f.write(" | ".join(parts) + "\n")
+    out = _train_step(self, samples, raise_oom=raise_oom)
+    with open(os.path.join(OUT, f"stats.{RANK}"), "a") as f:
+        f.write(json.dumps({k: float(v) for k, v in (out or {}).items()
+                            if isinstance(v, (int, float)) or torch.is_tensor(v)}) + "\n")
+    if RANK == "0":
+        params = {n: p.detach().clone() for n, p in self.get_model().named_parameters()}
+        torch.save(params, os.path.join(OUT, f"params.{self.get_num_updates()}.pt"))
+    return out
+
+
+Trainer.train_step = train_step
+
+if __name__ == "__main__":
+    from fairseq_cli.train import cli_main
+
+    sys.argv = ["fairseq-train"] + sys.argv[2:]
+    cli_main()

@@ -1,0 +1,228 @@
+"""Data-parallel training is gradient accumulation: N gloo processes on the
+CPU train exactly as one process with ``--update-freq N`` (issue 37).
+
+Micro-batch ``u`` of rank ``r`` in update ``k`` is a batch of the one global
+order of the epoch (seed and epoch only; fairseq's round-robin shards), so
+after every update every parameter tensor of the N-process run agrees with
+the one-process run to float round-off (the gradients are summed in another
+order: ``||delta|| / ||theta|| <= 1e-6`` per tensor). The optimizer is SGD:
+an update is then linear in the gradient, whose round-off it passes on as
+it is; Adam divides each gradient by its running magnitude, so that a
+parameter whose gradient is zero but for round-off (the attention's key
+bias, which the softmax cancels) takes steps of the learning rate in the
+round-off's direction, and two runs that sum the same gradients in another
+order part by 1e-5 there after two updates. Each run is
+fairseq-train's own entry in processes of its own (``tests/dp_runner.py``),
+``--distributed-init-method tcp://`` as in the README's CPU command.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from fairseq_cli_utils import REPO_ROOT, TINY_MODEL_ARGS, USER_DIR
+
+RUNNER = os.path.join(REPO_ROOT, "tests", "dp_runner.py")
+UPDATES = 6
+TOLERANCE = 1e-6
+
+COMMON = [*TINY_MODEL_ARGS, "--share-all-embeddings", "--dropout", "0",
+          "--attention-dropout", "0", "--activation-dropout", "0",
+          "--optimizer", "sgd", "--lr", "0.5", "--max-tokens", "300",
+          "--disable-validation", "--no-save", "--num-workers", "0", "--seed", "1",
+          "--no-progress-bar", "--log-interval", "1", "--cpu"]
+
+DOC = ["--task", "document_translation"]
+SELECTIVE = [*DOC, "--arch", "transformer_selective_doc", "--document-context", "online",
+             "--document-memory"]
+
+#: name -> (fairseq-train arguments, whether it reads the stage-1 checkpoint)
+SETTINGS = {
+    "sentence_batching": ([*DOC, "--arch", "transformer_context_aware",
+                           "--source-context-size", "1"], False),
+    "document_batching": ([*DOC, "--arch", "transformer_context_aware",
+                           "--source-context-size", "1", "--document-batching"], False),
+    "selective_frozen": ([*SELECTIVE, "--context-memory", "frozen"], True),
+    "selective_shared": ([*SELECTIVE, "--context-memory", "shared"], False),
+    "selective_precomputed": ([*SELECTIVE, "--context-memory", "frozen",
+                               "--memory-precomputed"], True),
+    "concat": ([*DOC, "--arch", "transformer_concat", "--concat-context",
+                "--source-context-size", "1", "--target-context-size", "1"], False),
+    "sampled_context": ([*DOC, "--arch", "transformer_context_aware",
+                         "--source-context-size", "3", "--sampled-context-size", "3"], False),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_training(out_dir, argv, world: int = 1, update_freq: int = 1,
+                 ddp_backend: str = "legacy_ddp", timeout: int = 900):
+    """fairseq-train ``argv`` in ``world`` processes (gloo, TCP rendezvous)
+    recording through ``dp_runner.py`` into ``out_dir``: returns ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    argv = [*argv, "--update-freq", str(update_freq)]
+    if world > 1:
+        argv += ["--distributed-world-size", str(world), "--distributed-backend", "gloo",
+                 "--ddp-backend", ddp_backend,
+                 "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}",
+                 "--distributed-no-spawn"]
+    procs, logs = [], []
+    for rank in range(world):
+        extra = ["--distributed-rank", str(rank)] if world > 1 else []
+        log = open(os.path.join(out_dir, f"log.{rank}"), "w+")
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            [sys.executable, RUNNER, str(out_dir), *argv, *extra],
+            env=dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank)),
+            stdout=log, stderr=subprocess.STDOUT, text=True))
+    deadline = time.time() + timeout
+    failed = None
+    try:  # a rank that fails ends the run (the others would wait for it forever)
+        while any(p.poll() is None for p in procs) and failed is None:
+            failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            assert time.time() < deadline, f"no end after {timeout}s"
+            time.sleep(0.2)
+        failed = next((r for r, p in enumerate(procs) if p.returncode != 0), failed)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    texts = []
+    for log in logs:
+        log.seek(0)
+        texts.append(log.read())
+        log.close()
+    if failed is not None:
+        raise AssertionError(f"rank {failed} failed:\n{texts[failed][-5000:]}")
+    return out_dir
+
+
+def updates(out_dir, world: int):
+    """Per update, the set of its micro-batches (each a tuple of sentence
+    ids) over all ranks, padding batches left out."""
+    per_rank = []
+    for rank in range(world):
+        with open(os.path.join(out_dir, f"ids.{rank}")) as f:
+            per_rank.append(f.read().splitlines())
+    assert len({len(lines) for lines in per_rank}) == 1, "ranks ran different step counts"
+    out = []
+    for lines in zip(*per_rank):
+        batches = set()
+        for line in lines:
+            for part in line.split("|"):
+                part = part.strip()
+                if part != "-":
+                    batches.add(tuple(sorted(int(x) for x in part.split())))
+        out.append(batches)
+    return out
+
+
+def relative_differences(dir_a, dir_b, count: int):
+    """Per update 1..count, the largest ``||a - b|| / ||a||`` over the
+    parameter tensors (and the name of that tensor)."""
+    worst = []
+    for k in range(1, count + 1):
+        a = torch.load(os.path.join(dir_a, f"params.{k}.pt"), weights_only=True)
+        b = torch.load(os.path.join(dir_b, f"params.{k}.pt"), weights_only=True)
+        assert a.keys() == b.keys()
+        rel = {n: float((a[n].double() - b[n].double()).norm()
+                        / max(float(a[n].double().norm()), 1e-30)) for n in a}
+        name = max(rel, key=rel.get)
+        worst.append((rel[name], name))
+    return worst
+
+
+def assert_same_training(single, multi, world: int, count: int = UPDATES):
+    one, many = updates(single, 1), updates(multi, world)
+    assert len(one) >= count and len(many) >= count
+    for k in range(count):
+        assert one[k] == many[k], f"update {k + 1}: other batches"
+    worst = relative_differences(single, multi, count)
+    for k, (rel, name) in enumerate(worst, 1):
+        assert rel <= TOLERANCE, f"update {k}: {name} differs by {rel:.3g} (relative)"
+    return max(rel for rel, _ in worst)
+
+
+@pytest.fixture(scope="module")
+def single_runs(toy_bin, sentence_ckpt, tmp_path_factory):
+    """The one-process runs (``--update-freq N``), made once per setting and N."""
+    cache = {}
+
+    def get(name, freq):
+        if (name, freq) not in cache:
+            cache[name, freq] = run_training(
+                tmp_path_factory.mktemp(f"{name}_single{freq}"),
+                train_argv(toy_bin, sentence_ckpt, name), update_freq=freq)
+        return cache[name, freq]
+
+    return get
+
+
+def train_argv(toy_bin, sentence_ckpt, name, max_update: int = UPDATES):
+    args, stage1 = SETTINGS[name]
+    argv = [toy_bin, "--user-dir", USER_DIR, *args, *COMMON, "--max-update", str(max_update)]
+    if stage1:
+        argv += ["--init-from-sentence-checkpoint", sentence_ckpt]
+    return argv
+
+
+#: every setting with 2 workers; 3 workers for two of them (the test machine's CPU is shared)
+WORLDS = [(name, 2) for name in SETTINGS] + [("document_batching", 3), ("selective_shared", 3)]
+
+
+@pytest.mark.parametrize("name,world", WORLDS)
+def test_n_workers_train_as_one_process_with_update_freq_n(name, world, toy_bin, sentence_ckpt,
+                                                           single_runs, tmp_path):
+    start = time.time()
+    multi = run_training(tmp_path / "multi", train_argv(toy_bin, sentence_ckpt, name),
+                         world=world)
+    single = single_runs(name, world)
+    worst = assert_same_training(single, multi, world)
+    print(f"{name}, {world} workers: largest relative difference {worst:.2g}, "
+          f"{time.time() - start:.1f}s")
+
+
+def test_only_own_target_context_keeps_documents_whole_per_shard(toy_bin):
+    """Training (and generation from given context) takes fairseq's
+    round-robin shards; generation with the model's own target context keeps
+    each document on one shard (it translates a document in order)."""
+    from fairseq.data.iterators import EpochBatchIterator
+    from test_document_task import setup_task
+
+    from ctx_fairseq.data.batching import DocumentShardedEpochBatchIterator
+
+    task = setup_task(toy_bin, "--document-batching", "--source-context-size", "1")
+    task.load_dataset("train")
+    ds = task.datasets["train"]
+    shards = [task.get_batch_iterator(ds, max_tokens=300, num_shards=2, shard_id=r, seed=1,
+                                      disable_iterator_cache=True) for r in (0, 1)]
+    single = task.get_batch_iterator(ds, max_tokens=300, seed=1, disable_iterator_cache=True)
+    assert not isinstance(shards[0], DocumentShardedEpochBatchIterator)
+    assert type(shards[0]) is EpochBatchIterator
+    one = [b["id"].tolist() for b in single.next_epoch_itr(shuffle=True)]
+    many = [[b["id"].tolist() if b else None for b in s.next_epoch_itr(shuffle=True)]
+            for s in shards]
+    dealt = [b for pair in zip(*many) for b in pair if b is not None]
+    assert dealt == one  # round-robin: batch i on worker i % 2, the same batches
+
+    task = setup_task(toy_bin, "--document-batching", "--target-context-size", "1",
+                      "--own-target-context", "--gen-subset", "test")
+    task.load_dataset("test", task_cfg=task.cfg)  # as fairseq-generate loads it
+    ds = task.datasets["test"]
+    itrs = [task.get_batch_iterator(ds, max_tokens=300, num_shards=2, shard_id=r)
+            for r in (0, 1)]
+    assert all(isinstance(i, DocumentShardedEpochBatchIterator) for i in itrs)
+    docs = [{int(ds.doc_index[i]) for b in itr.next_epoch_itr(shuffle=False) if b
+             for i in b["id"].tolist()} for itr in itrs]
+    assert docs[0] and docs[1] and not docs[0] & docs[1]
+
