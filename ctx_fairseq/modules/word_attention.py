@@ -61,8 +61,8 @@ from torch import Tensor
 
 from ctx_fairseq.modules.cpu_shortcuts import cpu_shortcuts
 
-__all__ = ["streamed_word_attention", "WORD_BLOCK", "TILE_ELEMS", "tile_elems_for",
-           "word_block_for"]
+__all__ = ["streamed_word_attention", "WORD_BLOCK", "TILE_ELEMS", "TILING_OPTIONS",
+           "tile_elems_for", "word_block_for"]
 
 #: memory sentences per block, per device type (fixed: a sentence's result must not
 #: depend on the batch). On the CPU, where a tile computes only the query rows that
@@ -187,7 +187,7 @@ class _StreamedWordAttention(torch.autograd.Function):
             for g0, g1, m0, m1, j0, j1, n, cols in _plan(G, M, J, H, L, block, tile_elems,
                                                            spans, group_rows):
                 yield (g0, g1, m0, m1, j0, j1, n,
-                       _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt,
+                       _Tile(q, k, v, weight, index, word_mask, (g0, g1, m0, m1, j0, j1), dt,
                              acc, cols))
 
         for g0, g1, m0, m1, j0, j1, n, t in tiles():
@@ -250,7 +250,7 @@ class _StreamedWordAttention(torch.autograd.Function):
         D = (grad * out).sum(-1) if flat else None  # G x H x M
         for g0, g1, m0, m1, j0, j1, n, cols in _plan(G, M, J, H, L, block, tile_elems, spans,
                                                        group_rows):
-            t = _Tile(q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc, cols)
+            t = _Tile(q, k, v, weight, index, word_mask, (g0, g1, m0, m1, j0, j1), dt, acc, cols)
             rs = (slice(g0, g1), slice(None), slice(m0, m1))
             if compact and not flat and not t.compact():
                 continue  # the forward skipped it: no gradient flows through it
@@ -346,8 +346,8 @@ class _Tile:
     softmax over a last dim of a dozen words is about ten times slower on the
     CPU)."""
 
-    def __init__(self, q, k, v, weight, index, word_mask, g0, g1, m0, m1, j0, j1, dt, acc,
-                 cols=None):
+    def __init__(self, q, k, v, weight, index, word_mask, span, dt, acc, cols=None):
+        g0, g1, m0, m1, j0, j1 = span  # groups, query rows, memory sentences
         self.sl = (slice(g0, g1), slice(None), slice(m0, m1))
         self.rows = index[g0:g1, j0:j1]  # gq x n
         self.n = j1 - j0
@@ -489,13 +489,17 @@ class _Tile:
             acc[:, :, self.c].index_add_(0, flat_rows, part.to(acc.dtype))
 
 
+#: :func:`streamed_word_attention`'s options, by keyword, and their defaults
+TILING_OPTIONS = {"block": None, "tile_elems": None, "dropout": 0.0, "want_nnz": False,
+                  "spans": None, "group_rows": None, "compact": False}
+
+
 def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, index: Tensor,
                             word_mask: Tensor, flat: bool, word_attn: str = "softmax",
-                            block: Optional[int] = None, tile_elems: Optional[int] = None,
-                            dropout: float = 0.0, want_nnz: bool = False, spans=None,
-                            group_rows=None, compact: bool = False
-                            ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-    """The word level over groups (see the module docstring).
+                            **options) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """The word level over groups (see the module docstring). ``options``
+    (:data:`TILING_OPTIONS`, by keyword): ``block``, ``tile_elems``,
+    ``dropout``, ``want_nnz``, ``spans``, ``group_rows``, ``compact``.
 
     ``q`` ``G x H x M x d`` (scaled queries); ``k``/``v`` ``S x H x L x d`` (the
     projected memory); ``weight`` ``G x H x M x J`` float32: the sentence
@@ -526,12 +530,18 @@ def streamed_word_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, ind
     (``compact=False`` then)."""
     if word_attn not in ("softmax", "sparsemax"):
         raise ValueError(f"word_attn: expected softmax or sparsemax, got {word_attn!r}")
+    unknown = set(options) - set(TILING_OPTIONS)
+    if unknown:
+        raise TypeError(f"unexpected arguments {sorted(unknown)}; the options are "
+                        f"{', '.join(TILING_OPTIONS)}")
+    o = dict(TILING_OPTIONS, **options)
+    dropout, want_nnz = float(o["dropout"]), bool(o["want_nnz"])
     seed = int(torch.randint(0, 1 << 62, (1,)).item()) if dropout > 0 else 0  # CPU generator
     out, nnz, mass = _StreamedWordAttention.apply(
         q, k, v, weight.to(torch.promote_types(q.dtype, torch.float32)), index, word_mask,
-        bool(flat), word_attn, word_block_for(q.device, block),
-        tile_elems_for(q.device, tile_elems), float(dropout), seed, bool(want_nnz), spans,
-        group_rows, bool(compact))
+        bool(flat), word_attn, word_block_for(q.device, o["block"]),
+        tile_elems_for(q.device, o["tile_elems"]), dropout, seed, want_nnz, o["spans"],
+        o["group_rows"], bool(o["compact"]))
     if not want_nnz:
         return out, None, None
     return out, nnz, (mass if flat else None)
