@@ -508,7 +508,7 @@ def test_smoke_end_to_end(tmp_path):
     md = (work / "smoke" / "results" / "results.md").read_text()
     assert "exceeded --doc-word-capacity" not in md
     assert "Evaluated on the **test** set: 18 sentences, 3 reference(s)" in md
-    detail = md.split("## The English pronouns in detail", 1)[1].split("## Commands")[0]
+    detail = md.split("## The English pronouns in detail", 1)[1].split("\n## ")[0]
     for m in ("concat", "context_aware", "zhang2018", "han", "han_enc", "selective"):
         assert f"\n| {m} | " in detail, m
     assert "\n| transformer | " not in detail  # no context: nothing to measure
@@ -538,6 +538,11 @@ def test_smoke_end_to_end(tmp_path):
     assert set(res["models"]["dc"]["commands"]) == {"fairseq-train", "fairseq-generate",
                                                     "fairseq-generate.heldout"}
     assert md.count("```") >= 2 * (1 + len(models))
+    # no +DP source in this input: the DP steps were skipped, said so; each result's
+    # checkpoint recorded
+    assert "the dropped-pronoun steps (dp_*, dpsuite" in r.stderr
+    assert "## Dropped pronouns" not in md and "## Which checkpoint each result is of" in md
+    assert res["models"]["han"]["checkpoint"]["reported_on"] == "test-SUB01, test-SUB02"
     r2 = run(["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert not re.search(r"\] step \w", r2.stderr), r2.stderr[-2000:]
