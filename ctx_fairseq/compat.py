@@ -56,6 +56,23 @@ Importing ``ctx_fairseq`` upgrades such a configuration as it is loaded,
 before the overrides: ``sampled_context_size`` and ``memory_window`` are set
 from the old field (:func:`upgrade_context_options`), which is then 0, so
 the checkpoint scores exactly as before and gives no deprecation warning.
+
+``Trainer.train_step`` (fairseq 0.12) runs an update's micro-batches
+(``--update-freq``) in a loop whose padding flag (``is_dummy_batch``: an
+empty batch, replaced by a dummy batch whose loss is multiplied by 0) is the
+loop variable, so after the loop it is the last micro-batch's: an update
+whose last micro-batch is padding gets its whole sample size zeroed and its
+logging dropped while the real micro-batches' gradients stay (the update is
+scaled by the other workers' sample size only), and an update whose padding
+batch comes earlier counts the dummy's sample size and logging. Padding
+batches come from the shards' fill at the end of an epoch (a worker whose
+shard is one batch short) and from workers with nothing to train on.
+Importing ``ctx_fairseq`` makes each padding micro-batch zero its own sample
+size and drop only its own logging output (padding batches run first, so
+that the last micro-batch is a real one; they add no gradient); an update of
+padding batches only is fairseq's own case and left as it is
+(tests/test_data_parallel.py: 2 workers x ``--update-freq 2`` on an epoch
+ending so train as one process x ``--update-freq 4``).
 """
 
 import functools
@@ -240,3 +257,73 @@ def upgrade_old_context_options() -> None:
     if not getattr(checkpoint_utils._upgrade_state_dict, "ctx_fairseq_fixed", False):
         checkpoint_utils._upgrade_state_dict = _upgrade_on_load(
             checkpoint_utils._upgrade_state_dict)
+
+
+def _is_padding_batch(sample) -> bool:
+    """A micro-batch fairseq's trainer replaces by its dummy batch."""
+    return sample is None or len(sample) == 0
+
+
+def _per_batch_padding(original):
+    @functools.wraps(original)
+    def train_step(self, samples, raise_oom=False):
+        padding = [_is_padding_batch(s) for s in samples]
+        if not any(padding) or all(padding):  # fairseq's own handling is right
+            return original(self, samples, raise_oom=raise_oom)
+        # the padding micro-batches first, so that the last one (whose flag fairseq
+        # keeps) is real; a padding batch adds no gradient (its loss is multiplied by 0)
+        ordered = ([s for s, p in zip(samples, padding) if p]
+                   + [s for s, p in zip(samples, padding) if not p])
+        dropped = []  # the padding batches' logging outputs (compared by identity)
+        task = self.task
+        task_step = task.train_step
+        aggregate, reduce_and_log = self._aggregate_logging_outputs, self._reduce_and_log_stats
+
+        def padded_task_step(*args, **kwargs):
+            loss, size, log = task_step(*args, **kwargs)
+            if kwargs.get("ignore_grad", False):
+                size = torch.zeros_like(size) if torch.is_tensor(size) else size * 0
+                dropped.append(log)
+            return loss, size, log
+
+        def keep(logs):
+            return [log for log in logs if not any(log is d for d in dropped)]
+
+        def aggregate_kept(logging_outputs, *extra, **kwargs):
+            return aggregate(keep(logging_outputs), *extra, **kwargs)
+
+        def reduce_kept(logging_outputs, *args, **kwargs):
+            return reduce_and_log(keep(logging_outputs), *args, **kwargs)
+
+        saved = [(obj, name, obj.__dict__[name] if name in obj.__dict__ else _ABSENT)
+                 for obj, name in ((task, "train_step"), (self, "_aggregate_logging_outputs"),
+                                   (self, "_reduce_and_log_stats"))]
+        task.train_step = padded_task_step
+        self._aggregate_logging_outputs = aggregate_kept
+        self._reduce_and_log_stats = reduce_kept
+        try:
+            return original(self, ordered, raise_oom=raise_oom)
+        finally:
+            for obj, name, value in saved:
+                if value is _ABSENT:
+                    obj.__dict__.pop(name, None)
+                else:
+                    obj.__dict__[name] = value
+
+    train_step.ctx_fairseq_fixed = True
+    return train_step
+
+
+_ABSENT = object()
+
+
+def per_batch_padding() -> None:
+    """Patch ``fairseq.trainer.Trainer.train_step`` (idempotent): in an
+    update whose micro-batches (``--update-freq``) mix real and padding
+    batches, each padding batch's own sample size is zeroed and its logging
+    output dropped; the real batches' sample sizes and logging stay."""
+    from fairseq.trainer import Trainer
+
+    if not getattr(Trainer.train_step, "ctx_fairseq_fixed", False):
+        Trainer.train_step = _per_batch_padding(Trainer.train_step)
+

@@ -226,3 +226,46 @@ def test_only_own_target_context_keeps_documents_whole_per_shard(toy_bin):
              for i in b["id"].tolist()} for itr in itrs]
     assert docs[0] and docs[1] and not docs[0] & docs[1]
 
+
+def _stats(out_dir, rank: int = 0):
+    import json
+
+    with open(os.path.join(out_dir, f"stats.{rank}")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_an_update_ending_on_a_padding_batch_is_scaled_as_one_process(toy_bin, tmp_path):
+    """2 workers x --update-freq 2 against one process x --update-freq 4 on
+    an epoch of 4m + 3 batches: worker 1's last update is a real batch and
+    a padding batch. fairseq's trainer kept the last micro-batch's padding
+    flag for the whole update (its sample size zeroed, its logging dropped,
+    its real gradient kept: a wrongly scaled update); ctx_fairseq.compat
+    zeroes the padding batch's own sample size and drops its logging only."""
+    from test_document_task import setup_task
+
+    task = setup_task(toy_bin, "--source-context-size", "1")
+    task.load_dataset("train")
+    ds = task.datasets["train"]
+
+    def n_batches(max_tokens):  # as fairseq-train batches (--required-batch-size-multiple 8)
+        return len(task.get_batch_iterator(
+            ds, max_tokens=max_tokens, seed=1, required_batch_size_multiple=8,
+            disable_iterator_cache=True).frozen_batches)
+
+    max_tokens = next(mt for mt in range(300, 600, 10) if n_batches(mt) % 4 == 3)
+    argv = [toy_bin, "--user-dir", USER_DIR, *SETTINGS["sentence_batching"][0], *COMMON,
+            "--max-epoch", "1"]
+    argv[argv.index("--max-tokens") + 1] = str(max_tokens)
+    single = run_training(tmp_path / "single", argv, update_freq=4)
+    multi = run_training(tmp_path / "multi", argv, world=2, update_freq=2)
+    count = (n_batches(max_tokens) + 3) // 4
+    with open(multi / "ids.1") as f:
+        last = f.read().splitlines()[-1].split("|")
+    assert len(last) == 2 and last[0].strip() != "-" and last[1].strip() == "-", last
+    assert_same_training(single, multi, 2, count=count)
+    one, many = _stats(single), _stats(multi)
+    assert len(one) == len(many) == count
+    # the logged statistics (fairseq rounds the loss to 3 decimals) of every update
+    assert [u["sample_size"] for u in one] == [u["sample_size"] for u in many]
+    assert [u["loss"] for u in one] == [u["loss"] for u in many]
+
