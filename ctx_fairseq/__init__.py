@@ -7,8 +7,9 @@ checkpoints contain so that they load under ``torch.load(weights_only=True)``
 (torch >= 2.6) without turning safe loading off, and makes fairseq keep the
 last partial batch instead of silently dropping it, resume a killed run with
 the batches of an uninterrupted one, copy checkpoints atomically and keep a
-float64 model's attention softmax in float64 and scale an update that
-mixes real and padding micro-batches by its real ones (see
+float64 model's attention softmax in float64, scale an update that mixes
+real and padding micro-batches by its real ones, and let a CPU model train
+with ``--ddp-backend pytorch_ddp`` (see
 ``ctx_fairseq.compat``); bad options and files given to a fairseq command
 end in one line, not a traceback (``ctx_fairseq.errors``).
 """
@@ -26,6 +27,7 @@ _compat.atomic_checkpoint_copies()  # checkpoint_last.pt / _best.pt whole or not
 _compat.float64_softmax()  # fairseq's softmax keeps a float64 model in float64
 _compat.upgrade_old_context_options()  # --sample-context-size checkpoints take the new options
 _compat.per_batch_padding()  # a padding micro-batch zeroes its own sample size, not the update's
+_compat.ddp_on_cpu()  # --ddp-backend pytorch_ddp wraps a CPU model without device arguments
 _errors.install_excepthook()  # bad options or files: one line, not a traceback
 
 from ctx_fairseq._registry import import_all_submodules as _import_all  # noqa: E402

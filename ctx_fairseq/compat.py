@@ -73,6 +73,14 @@ that the last micro-batch is a real one; they add no gradient); an update of
 padding batches only is fairseq's own case and left as it is
 (tests/test_data_parallel.py: 2 workers x ``--update-freq 2`` on an epoch
 ending so train as one process x ``--update-freq 4``).
+
+``DistributedFairseqModel`` (``--ddp-backend pytorch_ddp``, fairseq's
+default, or ``c10d``) gives ``DistributedDataParallel`` ``device_ids=[device_id]``
+whatever the device, which PyTorch refuses for a CPU module ("device_ids and
+output_device arguments only work with single-device/multiple-device GPU
+modules or CPU modules"), so CPU training with gloo needed ``--ddp-backend
+legacy_ddp``. Importing ``ctx_fairseq`` wraps a module on the CPU without
+device arguments; a CUDA module is wrapped as before.
 """
 
 import functools
@@ -327,3 +335,25 @@ def per_batch_padding() -> None:
     if not getattr(Trainer.train_step, "ctx_fairseq_fixed", False):
         Trainer.train_step = _per_batch_padding(Trainer.train_step)
 
+
+class _DeviceAwareDDP(torch.nn.parallel.DistributedDataParallel):
+    """``DistributedDataParallel`` that drops ``device_ids`` and
+    ``output_device`` for a module on the CPU (PyTorch refuses them there)."""
+
+    def __init__(self, module, device_ids=None, output_device=None, **kwargs):
+        on_cpu = all(t.device.type == "cpu"
+                     for t in list(module.parameters()) + list(module.buffers()))
+        if on_cpu:
+            device_ids = output_device = None
+        super().__init__(module, device_ids=device_ids, output_device=output_device, **kwargs)
+
+
+def ddp_on_cpu() -> None:
+    """Patch the ``DistributedDataParallel`` that fairseq's
+    ``DistributedFairseqModel`` builds for ``--ddp-backend pytorch_ddp``
+    (``c10d``) (idempotent): a CPU model is wrapped without device
+    arguments; a CUDA model exactly as before."""
+    from fairseq.models import distributed_fairseq_model as dfm
+
+    if dfm.DistributedDataParallel is torch.nn.parallel.DistributedDataParallel:
+        dfm.DistributedDataParallel = _DeviceAwareDDP

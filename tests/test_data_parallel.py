@@ -269,3 +269,36 @@ def test_an_update_ending_on_a_padding_batch_is_scaled_as_one_process(toy_bin, t
     assert [u["sample_size"] for u in one] == [u["sample_size"] for u in many]
     assert [u["loss"] for u in one] == [u["loss"] for u in many]
 
+
+def _plugin_architectures():
+    from ctx_fairseq.cli.arch_hooks import default_demo_archs
+
+    return [a for a in default_demo_archs() if a != "transformer"]
+
+
+@pytest.mark.parametrize("arch", _plugin_architectures())
+def test_every_architecture_trains_with_pytorch_ddp_on_cpu(arch, toy_bin, sentence_ckpt,
+                                                           tmp_path):
+    """fairseq's default --ddp-backend (pytorch_ddp) on two CPU processes
+    (gloo; ctx_fairseq.compat wraps a CPU model without device arguments),
+    without --find-unused-parameters: a parameter that gets no gradient
+    fails here (PyTorch's DDP raises in the next update)."""
+    from ctx_fairseq.cli.arch_hooks import demo_hooks
+
+    hooks = demo_hooks(arch)
+    argv = [toy_bin, "--user-dir", USER_DIR, "--arch", arch, *hooks.train_args_for(arch),
+            *COMMON, "--max-update", "2"]
+    if hooks.stage1:
+        argv += ["--init-from-sentence-checkpoint", sentence_ckpt]
+    out = run_training(tmp_path, argv, world=2, ddp_backend="pytorch_ddp")
+    assert len(updates(out, 2)) == 2
+
+
+def test_pytorch_ddp_trains_as_one_process_with_update_freq_2(toy_bin, sentence_ckpt,
+                                                              single_runs, tmp_path):
+    """fairseq's default DDP backend averages the gradients in its own
+    buckets; the updates are still those of one process."""
+    multi = run_training(tmp_path, train_argv(toy_bin, sentence_ckpt, "document_batching"),
+                         world=2, ddp_backend="pytorch_ddp")
+    assert_same_training(single_runs("document_batching", 2), multi, 2)
+
