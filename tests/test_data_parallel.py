@@ -302,3 +302,118 @@ def test_pytorch_ddp_trains_as_one_process_with_update_freq_2(toy_bin, sentence_
                          world=2, ddp_backend="pytorch_ddp")
     assert_same_training(single_runs("document_batching", 2), multi, 2)
 
+
+def test_a_worker_without_batches_is_warned_about(toy_bin, caplog):
+    """More workers than batches (or than document groups, generating with
+    --own-target-context): the idle worker says so at start-up, with the
+    counts; a worker with batches says nothing."""
+    import logging
+
+    from test_document_task import setup_task
+
+    task = setup_task(toy_bin, "--document-batching", "--source-context-size", "1")
+    task.load_dataset("valid")
+    ds = task.datasets["valid"]
+    n = len(task.get_batch_iterator(ds, max_tokens=4000, disable_iterator_cache=True)
+            .frozen_batches)
+    with caplog.at_level(logging.WARNING):
+        task.get_batch_iterator(ds, max_tokens=4000, num_shards=n + 1, shard_id=0,
+                                disable_iterator_cache=True)
+        assert "gets no batch" not in caplog.text
+        task.get_batch_iterator(ds, max_tokens=4000, num_shards=n + 1, shard_id=n,
+                                disable_iterator_cache=True)
+    assert f"worker {n} of {n + 1} gets no batch: {n} batches for {n + 1} workers" in caplog.text
+
+    caplog.clear()
+    task = setup_task(toy_bin, "--document-batching", "--target-context-size", "1",
+                      "--own-target-context", "--gen-subset", "test")
+    task.load_dataset("test", task_cfg=task.cfg)
+    ds = task.datasets["test"]
+    docs = len(set(ds.doc_index.tolist()))
+    with caplog.at_level(logging.WARNING):
+        task.get_batch_iterator(ds, max_tokens=4000, num_shards=docs + 1, shard_id=docs)
+    assert "document groups for" in caplog.text and f"worker {docs} of {docs + 1}" in caplog.text
+
+
+def _readme_commands():
+    """The commands of the README's *Data-parallel training* block: one
+    string per command (continuation lines joined), comments dropped."""
+    with open(os.path.join(REPO_ROOT, "README.md")) as f:
+        text = f.read()
+    start = text.index("**Data-parallel training.**")
+    block = text[text.index("```bash\n", start) + 8:]
+    block = block[:block.index("```")]
+    commands, current = [], ""
+    for line in block.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        current += " " + line.rstrip("\\").strip()
+        if not line.endswith("\\"):
+            commands.append(current.strip())
+            current = ""
+    return commands
+
+
+#: the substitution of the README's placeholders (README, *Data-parallel training*)
+def _fill(tokens, data, rest, n=None, rank=None, address=None):
+    out = []
+    for t in tokens:
+        if t == "DATA":
+            out.append(data)
+        elif t == "...":
+            out.extend(rest)
+        elif t == "N" and n is not None:
+            out.append(str(n))
+        elif t == "R" and rank is not None:
+            out.append(str(rank))
+        elif t == "tcp://HOST:PORT" and address is not None:
+            out.append(address)
+        else:
+            out.append(t)
+    return out
+
+
+def test_the_readme_commands_run_as_written(toy_bin, tmp_path):
+    """The README's CPU command runs as written (two processes, fairseq's
+    default --ddp-backend) with DATA, N, R, HOST:PORT filled in and ``...``
+    the model and training options; its GPU forms parse."""
+    import shlex
+
+    from fairseq import options
+
+    commands = [shlex.split(c) for c in _readme_commands()]
+    assert len(commands) == 3, commands
+    gpu, nodes, cpu = commands
+    rest = ["--arch", "transformer_context_aware", "--source-context-size", "1",
+            *[a for a in COMMON if a != "--cpu"], "--max-update", "2"]
+    # the GPU forms: fairseq's own parser takes them (no GPU needed to parse)
+    assert gpu[0] == "fairseq-train"
+    at = nodes.index("$(which")
+    assert nodes[0] == "torchrun" and nodes[at + 1] == "fairseq-train)"
+    for argv in (gpu[1:], nodes[at + 2:]):
+        args = options.parse_args_and_arch(options.get_training_parser(),
+                                           _fill(argv, toy_bin, []))
+        assert args.distributed_world_size in (8, 16) and args.task == "document_translation"
+    # the CPU form, run: fairseq-train is dp_runner.py (fairseq-train's entry, recording)
+    assert cpu[0] == "fairseq-train" and "--ddp-backend" not in cpu
+    address = f"tcp://127.0.0.1:{free_port()}"
+    procs = []
+    for rank in (0, 1):
+        argv = _fill(cpu[1:], toy_bin, rest, n=2, rank=rank, address=address)
+        log = open(tmp_path / f"log.{rank}", "w+")
+        procs.append((subprocess.Popen(
+            [sys.executable, RUNNER, str(tmp_path), *argv], cwd=REPO_ROOT,
+            env=dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank)),
+            stdout=log, stderr=subprocess.STDOUT, text=True), log))
+    try:
+        for p, log in procs:
+            p.wait(timeout=600)
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, log in procs:
+        log.seek(0)
+        assert p.returncode == 0, log.read()[-5000:]
+    assert len(updates(tmp_path, 2)) == 2
