@@ -1,7 +1,9 @@
 """Batches of a document dataset: the padded cost of a batch, batches of
 sentences with their context, of whole documents (cut into chunks that fit),
 of sentences with their document memory, and the epoch iterator that shards
-batches across workers by whole documents."""
+batches across workers by whole documents (generation with
+``--own-target-context`` only: training takes fairseq's round-robin shards,
+so that N workers train as one process with ``--update-freq N``)."""
 
 import math
 from typing import Dict, List, Optional, Sequence

@@ -55,9 +55,11 @@ Document batching (:meth:`DocumentContextDataset.batch_by_size` when
 ``document_batching`` is on) makes batches of whole consecutive documents
 within ``max_tokens`` / ``max_sentences``; a document that does not fit into a
 batch on its own is cut into consecutive chunks that each fit.
-:class:`DocumentShardedEpochBatchIterator` then shards batches across
-distributed workers by whole documents (all chunks of a document go to the
-same worker), so the workers partition the sentences exactly.
+Distributed workers get fairseq's round-robin shards of these batches (each
+batch carries its own context); only generation with
+``--own-target-context`` shards them by whole documents
+(:class:`DocumentShardedEpochBatchIterator`: all chunks of a document go to
+the same worker, which translates them in order).
 """
 
 import logging
