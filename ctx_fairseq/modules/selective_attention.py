@@ -200,7 +200,8 @@ class HierarchicalContextAttention(nn.Module):
         sentence_attn: Eq. 3 normaliser, "sparsemax" (paper) or "softmax" (ablation).
         word_attn: Eq. 4 normaliser, "softmax" (sparse-soft) or "sparsemax"
             (sparse-sparse).
-        (By keyword only, the word level's options :data:`WORD_LEVEL_OPTIONS`:)
+        (From ``attention_dropout`` on, by keyword only; the last four are the
+        word level's options, :data:`WORD_LEVEL_OPTIONS`.)
         selective: kept for old configurations (``--dense-doc-attention``):
             the streamed word level weights every sentence by its Eq. 3
             weight, 0 outside the support, so both settings are one
@@ -226,14 +227,16 @@ class HierarchicalContextAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, attention: str = "hierarchical",
-                 sentence_attn: str = "sparsemax", word_attn: str = "softmax",
+                 sentence_attn: str = "sparsemax", word_attn: str = "softmax", *,
                  attention_dropout: float = 0.0, kdim: Optional[int] = None,
                  vdim: Optional[int] = None, sentence_distance: int = 0, **word_level):
         super().__init__()
         unknown = set(word_level) - set(WORD_LEVEL_OPTIONS)
         if unknown:
-            raise TypeError(f"unexpected arguments {sorted(unknown)}; the word level's options "
-                            f"are {', '.join(WORD_LEVEL_OPTIONS)}")
+            raise TypeError(
+                f"HierarchicalContextAttention: unexpected arguments {sorted(unknown)}; it takes "
+                "attention, sentence_attn, word_attn, attention_dropout, kdim, vdim, "
+                f"sentence_distance and the word level's {', '.join(WORD_LEVEL_OPTIONS)}")
         selective = bool(word_level.get("selective", True))
         word_capacity = word_level.get("word_capacity", WORD_CAPACITY)
         word_block, tile_elems = word_level.get("word_block"), word_level.get("tile_elems")
@@ -455,8 +458,9 @@ class HierarchicalContextAttention(nn.Module):
         """
         unknown = set(layout) - set(QUERY_LAYOUT)
         if unknown:
-            raise TypeError(f"unexpected arguments {sorted(unknown)}; the query layout takes "
-                            f"{', '.join(QUERY_LAYOUT)}")
+            raise TypeError(f"context attention: unexpected arguments {sorted(unknown)}; besides "
+                            "query_padding_mask, need_weights, need_word_weights and "
+                            f"return_stats it takes the query layout's {', '.join(QUERY_LAYOUT)}")
         T, B, C = query.shape
         if query_doc.shape != (B,) or query_pos.shape != (B,):
             raise ValueError("query_doc/query_pos: expected (B,) tensors")
@@ -785,7 +789,7 @@ class DocumentContextLayer(nn.Module):
     (``F``), ``dropout``, ``activation_dropout``, ``activation_fn``.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, ffn_embed_dim: int,
+    def __init__(self, embed_dim: int, num_heads: int, ffn_embed_dim: int, *,
                  dropout: float = 0.0, activation_dropout: float = 0.0,
                  activation_fn: str = "relu", export: bool = False, **attention):
         super().__init__()
