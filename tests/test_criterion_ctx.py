@@ -436,3 +436,39 @@ def test_pooled_mean_over_batches_and_workers():
     # a logging output without statistics (sentence-level model) adds no key
     plain = {k: v for k, v in a.items() if not k.startswith("ctxstat/")}
     assert set(_reduced([plain])) == {"loss", "nll_loss", "ppl"}
+
+
+def test_statistics_only_on_the_updates_of_the_interval(toy_bin):
+    """``--context-stats-interval 3``: the document task tells the criterion
+    which update it trains; the statistics (and the model's work for them)
+    come on updates 3, 6, ... only; validation always computes them; the
+    default computes them on every update; 0 is an error."""
+    from test_host_reads import _Backward
+
+    task, model, criterion, sample = _setup(
+        toy_bin, CONFIGS["selective_enc"][0] + ["--context-stats-interval", "3"], split="train")
+    assert criterion.context_stats_interval == 3
+    record = []
+    layer = model.encoder
+    real_forward = layer.context_layer.forward
+
+    def spy(*a, **k):
+        record.append(bool(k.get("return_stats")))
+        return real_forward(*a, **k)
+
+    layer.context_layer.forward = spy
+    model.train()
+    logs = []
+    for update in range(6):
+        torch.manual_seed(7)
+        loss, _, log = task.train_step(sample, model, criterion, _Backward(), update)
+        logs.append(log)
+    assert record == [False, False, True, False, False, True]
+    assert [any(k.startswith("ctxstat/") for k in log) for log in logs] == record
+    model.eval()
+    record.clear()
+    _, _, log = task.valid_step(sample, model, criterion)
+    assert record == [True] and any(k.startswith("ctxstat/") for k in log)
+    with pytest.raises(ValueError, match="--context-stats-interval 0"):
+        LabelSmoothedCrossEntropyCtxCriterion(task, False, 0.1, context_stats_interval=0)
+    assert LabelSmoothedCrossEntropyCtxCriterion(task, False, 0.1).statistics_due(model)

@@ -39,6 +39,15 @@ stays True (fairseq may add the outputs of the data-parallel workers before
 :meth:`reduce_metrics`; the keys depend only on the model's configuration, so
 every worker sends the same).
 
+Cost. Computing the statistics costs the context layer some work (e.g. the
+selective word level's count of nonzero word weights per selected sentence,
+a tensor of the size of the sentence weights). ``--context-stats-interval
+N`` computes them on updates ``N, 2N, ...`` only (the document task tells
+the criterion which update it trains): with ``N`` = ``--log-interval`` the
+updates fairseq does not print pay nothing, and each printed value is that
+of the printed update's batches (the epoch's, pooled over those updates).
+The default, 1, computes them on every update; validation always does.
+
 Metrics: :meth:`reduce_metrics` logs the sum and the count of each statistic
 with ``metrics.log_scalar_sum`` as ``_ctxstat/NAME/sum`` and
 ``_ctxstat/NAME/count`` (hidden: fairseq does not print keys starting with
@@ -50,7 +59,7 @@ per-batch means; ``nan`` when the count is 0 (e.g. no sentence of the
 interval had context).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List
 
 import torch
@@ -113,7 +122,15 @@ def _pooled_mean(sum_meter: str, count_meter: str):
 
 @dataclass
 class LabelSmoothedCrossEntropyCtxCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    """The options of ``label_smoothed_cross_entropy``, unchanged."""
+    """The options of ``label_smoothed_cross_entropy``, unchanged, and how
+    often the context statistics are computed in training."""
+
+    context_stats_interval: int = field(
+        default=1, metadata={"help": "compute the context models' statistics (ctxstat/*) in "
+                             "training on every N-th update only (updates N, 2N, ...: with "
+                             "N = --log-interval, the updates fairseq prints), so that the "
+                             "others pay nothing for them; 1 (default): every update. "
+                             "Validation always computes them"})
 
 
 @register_criterion("label_smoothed_cross_entropy_ctx",
@@ -121,6 +138,27 @@ class LabelSmoothedCrossEntropyCtxCriterionConfig(LabelSmoothedCrossEntropyCrite
 class LabelSmoothedCrossEntropyCtxCriterion(LabelSmoothedCrossEntropyCriterion):
     """Label-smoothed cross-entropy that also logs the context model's
     statistics (module docstring)."""
+
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
+                 report_accuracy=False, context_stats_interval=1):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size,
+                         report_accuracy)
+        if int(context_stats_interval) < 1:
+            raise ValueError(f"--context-stats-interval {context_stats_interval}: expected 1 "
+                             "or more updates")
+        self.context_stats_interval = int(context_stats_interval)
+        #: the update being trained (set by the document task's ``train_step``); None:
+        #: unknown, the statistics are computed
+        self.update_num = None
+
+    def statistics_due(self, model) -> bool:
+        """Whether this forward computes the context statistics: always in
+        validation and where the update is unknown, else on updates
+        ``N, 2N, ...`` (``--context-stats-interval N``; fairseq numbers the
+        update being trained ``update_num``, done: ``update_num + 1``)."""
+        n = self.context_stats_interval
+        return (not model.training or n <= 1 or self.update_num is None
+                or (int(self.update_num) + 1) % n == 0)
 
     def compute_loss(self, model, net_output, sample, reduce=True):
         """fairseq's loss; with ``--concat-context --concat-context-loss-weight
@@ -166,7 +204,7 @@ class LabelSmoothedCrossEntropyCtxCriterion(LabelSmoothedCrossEntropyCriterion):
 
     def _forward(self, model, sample, reduce=True):
         record = getattr(model, "record_context_statistics", None)
-        if record is None:
+        if record is None or not self.statistics_due(model):
             return super().forward(model, sample, reduce=reduce)
         record(True)
         try:

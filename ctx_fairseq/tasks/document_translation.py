@@ -340,6 +340,13 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
                 inner.set_context_layout(merged)
                 self.dataset_to_epoch_iter.pop(ds, None)  # batches of the old count
 
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        """fairseq's; a criterion that wants it learns the number of the
+        update (``label_smoothed_cross_entropy_ctx --context-stats-interval``)."""
+        if hasattr(criterion, "update_num"):
+            criterion.update_num = update_num
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
     def build_criterion(self, cfg, from_checkpoint=False):
         criterion = super().build_criterion(cfg, from_checkpoint)
         if (self.cfg.concat_context_loss_weight != 1.0
