@@ -83,8 +83,9 @@ class DocumentTranslationConfig(TranslationConfig):
                                          "sentences encoded with gradients"})
     document_batching: bool = field(
         default=False, metadata={"help": "batches of whole documents (or chunks of documents "
-                                         "that exceed --max-tokens); with several workers the batches are dealt "
-                                         "round-robin, as fairseq deals them (docs/document_translation.md)"})
+                                         "that exceed --max-tokens); several workers get the "
+                                         "batches round-robin, as fairseq deals them "
+                                         "(docs/document_translation.md)"})
     length_buckets: int = field(
         default=1, metadata={"help": "with --document-memory: the collater groups a batch's "
                                      "sentences into at most N groups of similar length, and "
