@@ -70,7 +70,9 @@ from fairseq_cli_utils import TINY_MODEL_ARGS, USER_DIR
 from ctx_fairseq._registry import plugin_architectures
 from ctx_fairseq.host_reads import HostReadCounter, describe
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exactness]
+#: every test here counts what a GPU would wait for: the accelerator's path, the
+#: CPU's shortcuts off (they read back on purpose)
+pytestmark = [pytest.mark.usefixtures("one_thread", "accelerator"), pytest.mark.exactness]
 
 #: tokens of every hypothesis (forced), beam size, sentences of the beam search
 GEN_LEN, BEAM, BEAM_SENTENCES = 6, 5, (1, 2, 3, 4)
@@ -194,10 +196,6 @@ class _Backward:
     def backward(self, loss):
         loss.backward()
 
-
-#: every test here counts what a GPU would wait for: the accelerator's path,
-#: the CPU's shortcuts off (they read back on purpose)
-pytestmark = pytest.mark.usefixtures("accelerator")
 
 
 def selected_pair_reads(module) -> int:
