@@ -203,6 +203,23 @@ def test_shuffled_memory_is_another_documents(online):
             ni["src_tokens"].size(1), ni["mem_src_tokens"].size(1))
 
 
+def test_shuffled_memory_of_a_single_document_is_an_error():
+    """A split of one document has no other document's memory to give it: the
+    shuffled ablation stops, naming the document (keeping its own memory
+    reported the true context's figures as the ablation's); a one-sentence
+    document, whose sentence has no context anyway, keeps its own."""
+    from ctx_fairseq.errors import InputError
+
+    with pytest.raises(InputError, match=r"one document \('.*', 6 sentences\): nothing to "
+                                         r"shuffle"):
+        ds, _, _ = synthetic([6], document_context="online", document_memory=True,
+                             ablation="shuffled", seed=4)
+        ds.memory_donor
+    ds, _, _ = synthetic([1], document_context="online", document_memory=True,
+                         ablation="shuffled", seed=4)
+    assert list(ds.memory_donor) == [0]
+
+
 def test_random_memory():
     """--context-ablation random with --document-memory: the memory's words
     are random tokens (lengths and special symbols kept, seeded), no memory

@@ -13,6 +13,7 @@ import torch
 from fairseq.data import data_utils
 
 from ctx_fairseq.data.memory_index import memory_by_length, query_groups
+from ctx_fairseq.errors import InputError
 
 logger = logging.getLogger("ctx_fairseq.data.document_dataset")
 
@@ -29,7 +30,8 @@ class DocumentMemoryMixin:
         the longest other documents where none is; deterministic for the
         seed, independent of batching. A one-sentence document (no sentence
         has context) keeps its own memory, as the per-sentence ablation keeps
-        a sentence without context empty."""
+        a sentence without context empty; a split of one longer document is
+        an error (no other document's memory to give it)."""
         n_docs = len(self.doc_start)
         rng = np.random.default_rng([self.seed % (1 << 63), 7919, 2])
         u = rng.random(n_docs)
@@ -42,8 +44,13 @@ class DocumentMemoryMixin:
         donor = np.arange(n_docs, dtype=np.int64)
         if n_docs < 2:
             if n_docs and lens[0] > 1:
-                logger.warning("shuffled document memory: only one document; it keeps its own "
-                               "memory")
+                # keeping its own memory would report the true context's figures as the
+                # ablation's: a wrong number, not a weaker one
+                raise InputError(
+                    f"--context-ablation shuffled with a document memory gives each document "
+                    f"the memory of another, and this split has one document "
+                    f"({self.doc_names[0]!r}, {int(lens[0])} sentences): nothing to shuffle; "
+                    "use a split of two documents or more, or another ablation")
             return donor
         for d in range(n_docs):
             if lens[d] <= 1:

@@ -596,7 +596,16 @@ dp_score_model() {
     ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
     cuda_args
     mkdir -p "$out"
-    [ "$context" = 0 ] || runs+=(shuffled)
+    # shuffled context is another document's: a test split of one document
+    # (dev-SUB02) has none to give, so it is not measured there (the report
+    # shows -), as cxmi_test_model does
+    if [ "$context" != 0 ]; then
+        if [ "$(ctx_count_docs "$WORK/data-bin/test.docids")" -ge 2 ]; then
+            runs+=(shuffled)
+        else
+            log "$name: the test split has one document: no shuffled context to score the suite with"
+        fi
+    fi
     for run in "${runs[@]}"; do
         local ablation=()
         [ "$run" = true ] || ablation=(--context-ablation "$run")
