@@ -301,6 +301,7 @@ def trace_checkpoint(path: str, data: str, split: str, max_tokens: int, log=prin
     itr = task.get_batch_iterator(task.dataset(split), max_tokens=max_tokens, seed=1,
                                   disable_iterator_cache=True).next_epoch_itr(shuffle=False)
     crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    torch.manual_seed(1)  # the training steps' dropout: the same figures on every run
     steps, layers = [], []
     for sample in itr:
         entry = {"model": model, "task": task, "sample": sample, "crit": crit}
