@@ -154,7 +154,14 @@ class DocumentDatasetsMixin:
                                  "context would come from documents not translated yet; "
                                  "translate once, then use --target-context-file with the "
                                  "ablation")
-        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        try:
+            super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        except FileNotFoundError as err:  # fairseq's "Dataset not found: SPLIT (DIR)"
+            raise InputError(
+                f"split {split!r} not found in {self._data_path(split, epoch)}: expected "
+                f"{split}.{self.cfg.source_lang}-{self.cfg.target_lang}.{{bin,idx}} of each "
+                f"language (fairseq-preprocess writes them); check --train-subset / "
+                f"--valid-subset / --gen-subset ({err})") from err
         base = self.datasets[split]
         path = os.path.join(self._data_path(split, epoch), f"{split}.docids")
         doc_ids = read_docids(path, expected=len(base))
