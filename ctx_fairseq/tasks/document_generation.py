@@ -1,7 +1,8 @@
 """Generation dispatch of the ``document_translation`` task
 (:class:`DocumentGenerationMixin`): fairseq-interactive's documents across
-calls, and one generator call per batch for the concatenation baseline's
-forced prefixes, ``--own-target-context`` (sentences in document order, the
+calls, doc2doc segments under the sentence-count frame
+(:mod:`ctx_fairseq.tasks.sentence_frame`), and one generator call per batch
+for the concatenation baseline's forced prefixes, ``--own-target-context`` (sentences in document order, the
 model's own translations as target context) and plain batches; the checks
 ``build_generator`` makes before fairseq builds its generator."""
 
@@ -23,6 +24,7 @@ from ctx_fairseq.tasks.generation import (
     to_device,
 )
 from ctx_fairseq.tasks.interactive import InteractiveDocumentState, InteractiveDocumentView
+from ctx_fairseq.tasks.sentence_frame import SentenceFrame, check_frame_generator, frame_options
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,13 @@ class DocumentGenerationMixin:
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         """``fairseq-interactive``: the input lines are sentences of a document,
         in order; a blank line starts a new document. Context is kept across
-        calls (buffers)."""
+        calls (buffers). doc2doc is refused: its segments are built from the
+        whole document."""
+        mode = getattr(self.cfg, "doc2doc", "none")
+        if str(getattr(mode, "value", mode) or "none") != "none":
+            raise InputError("fairseq-interactive with --doc2doc is not supported: a segment is "
+                             "built from the whole document (up to --doc2doc-max-tokens); "
+                             "translate the binarized documents with fairseq-generate")
         c = self.context_spec
         if self.uses_context and (c.document_context == "offline" or (
                 c.document_context == "none" and c.context_direction != "prev")):
@@ -111,6 +119,24 @@ class DocumentGenerationMixin:
         return restored
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        """doc2doc with the sentence-count frame (``--doc2doc-frame``, or a
+        model with ``always_frame``): one generator call under
+        :class:`SentenceFrame`. fairseq's reference scorer
+        (``--score-reference``) is left as it is."""
+        opts = frame_options(self.cfg, models)
+        if opts is None or type(generator).__name__ == "SequenceScorer":
+            return self._inference_step(generator, models, sample, prefix_tokens, constraints)
+        if prefix_tokens is not None or constraints is not None:
+            raise InputError("--prefix-size and --constraints cannot be combined with the "
+                             "sentence-count frame")
+        src_sep = self.source_dictionary.index(opts.separator)
+        tgt_sep = self.target_dictionary.index(opts.separator)
+        with SentenceFrame(generator, sample, src_sep, tgt_sep, opts,
+                           src_pad=self.source_dictionary.pad(),
+                           src_eos=self.source_dictionary.eos()):
+            return self._inference_step(generator, models, sample, None, None)
+
+    def _inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if not self.uses_context:
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
         if self.cfg.own_target_context and "_view" not in sample:
@@ -228,6 +254,14 @@ class DocumentGenerationMixin:
         return out
 
     def build_generator(self, models, args, **kwargs):
+        opts = frame_options(self.cfg, models)  # (--doc2doc-frame without --doc2doc: an error)
+        if opts is not None and not getattr(args, "score_reference", False):
+            check_frame_generator(args)
+            for name, d in (("source", self.source_dictionary), ("target",
+                                                                 self.target_dictionary)):
+                if d.index(opts.separator) == d.unk():
+                    raise InputError(f"the sentence-count frame: the separator "
+                                     f"{opts.separator!r} is not in the {name} dictionary")
         # fairseq-generate loads its split first; fairseq-interactive loads none and
         # takes target context from the model's own translations
         if (self.context_spec.target_context_size > 0 and not self.cfg.gold_target_context

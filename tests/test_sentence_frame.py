@@ -1,0 +1,370 @@
+"""The sentence-count frame of doc2doc generation
+(``ctx_fairseq/tasks/sentence_frame.py``): every hypothesis of every beam has
+the source's number of sentences, none shorter than the minimum or longer
+than ``a * |x_i| + b``, ``</s>`` only after the last; beams reorder the
+frame's state; with nothing to constrain the frame changes nothing of
+fairseq's search; no read back to the host per step; the task's dispatch and
+its errors."""
+
+import math
+import time
+from argparse import Namespace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
+
+from ctx_fairseq.errors import InputError
+from ctx_fairseq.tasks.sentence_frame import (
+    FrameOptions,
+    SentenceFrame,
+    frame_options,
+    source_sentence_lengths,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SEP = "<sep>"
+
+
+def _dictionary(words=24):
+    from ctx_fairseq.models.transformer_dc import _dummy_dictionary
+
+    d = _dummy_dictionary(words)
+    d.add_symbol(SEP)
+    return d
+
+
+def _segments(d, sentence_lengths, seed=0):
+    """A left-padded batch of segments ``x_1 <sep> ... x_n </s>``, one per
+    entry of ``sentence_lengths`` (the lengths of its sentences)."""
+    g = torch.Generator().manual_seed(seed)
+    sep = d.index(SEP)
+    rows = []
+    for lens in sentence_lengths:
+        parts = []
+        for i, n in enumerate(lens):
+            parts.append(torch.randint(d.nspecial, sep, (n,), generator=g))
+            parts.append(torch.tensor([sep if i < len(lens) - 1 else d.eos()]))
+        rows.append(torch.cat(parts))
+    width = max(len(r) for r in rows)
+    src = torch.full((len(rows), width), d.pad(), dtype=torch.long)
+    for i, r in enumerate(rows):
+        src[i, width - len(r):] = r
+    return {"id": torch.arange(len(rows)) + 100, "nsentences": len(rows),
+            "net_input": {"src_tokens": src,
+                          "src_lengths": torch.tensor([len(r) for r in rows])}}
+
+
+class _StubEnsemble(EnsembleModel):
+    """An ``EnsembleModel`` of no model: log-probabilities a fixed random
+    function of the row's source and the hypothesis's tokens so far (so they
+    follow reorders), plus ``bias`` on chosen tokens (to make the search want
+    ``</s>`` or ``<sep>`` early, or never)."""
+
+    def __init__(self, vocab, bias=None, seed=0, positions=1024):
+        super().__init__([torch.nn.Linear(1, 1)])
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(97, vocab, generator=g).log_softmax(-1)
+        self.weights = torch.randint(1, 97, (4096,), generator=g)
+        self.bias = torch.zeros(vocab) if bias is None else bias
+        self.positions = positions
+
+    def max_decoder_positions(self):
+        return self.positions
+
+    def forward_encoder(self, net_input):
+        src = net_input["src_tokens"]
+        return [{"key": [(src * self.weights[:src.size(1)]).sum(1)]}]
+
+    def reorder_encoder_out(self, encoder_outs, new_order):
+        return [{"key": [encoder_outs[0]["key"][0].index_select(0, new_order)]}]
+
+    def reorder_incremental_state(self, incremental_states, new_order):
+        pass
+
+    def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature=1.0):
+        h = (tokens * self.weights[:tokens.size(1)]).sum(1) + encoder_outs[0]["key"][0]
+        return (self.table[h % 97] + self.bias).log_softmax(-1), None
+
+
+def _check(hypos, sample, d, opts, max_len=None):
+    """Every hypothesis: ``n`` sentences, each within ``[m, L_i]``, ``</s>``
+    only at the end (returns the number checked)."""
+    sep, eos = d.index(SEP), d.eos()
+    n, lengths = source_sentence_lengths(sample["net_input"]["src_tokens"], sep, eos, d.pad())
+    checked = 0
+    for r, row in enumerate(hypos):
+        assert row, f"row {r}: no hypothesis"
+        for h in row:
+            t = h["tokens"].tolist()
+            assert t[-1] == eos and eos not in t[:-1], t
+            assert math.isfinite(float(h["score"]))
+            if max_len is not None:
+                assert len(t) - 1 <= max_len
+            pieces, cur = [], []
+            for x in t[:-1]:
+                if x == sep:
+                    pieces.append(cur)
+                    cur = []
+                else:
+                    cur.append(x)
+            pieces.append(cur)
+            assert len(pieces) == int(n[r]), (r, t)
+            for i, p in enumerate(pieces):
+                cap = max(int(math.floor(opts.max_len_a * int(lengths[r, i]) + opts.max_len_b)),
+                          opts.min_sentence_len)
+                assert opts.min_sentence_len <= len(p), (r, i, t)
+                if max_len is None:
+                    assert len(p) <= cap, (r, i, len(p), cap)
+            checked += 1
+    return checked
+
+
+SHAPES = [[3], [2, 5, 1], [4, 4], [1, 1, 1, 1, 2], [6, 2, 3]]
+
+
+@pytest.mark.parametrize("bias_on,value", [(None, 0.0), ("eos", 8.0), ("sep", 8.0),
+                                           ("both", -8.0)])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_every_hypothesis_keeps_the_sentences(bias_on, value, beam):
+    """Whatever the model prefers (``</s>`` or ``<sep>`` early, or neither
+    ever), every hypothesis of every beam (``--nbest`` = beam) has the
+    source's sentences within their lengths; rows of a batch finish at
+    different steps (the generator removes them: reorders with a correction)."""
+    d = _dictionary()
+    opts = FrameOptions(min_sentence_len=2, max_len_a=1.0, max_len_b=2)
+    bias = torch.zeros(len(d))
+    if bias_on in ("eos", "both"):
+        bias[d.eos()] = value
+    if bias_on in ("sep", "both"):
+        bias[d.index(SEP)] = value
+    gen = SequenceGenerator(_StubEnsemble(len(d), bias), d, beam_size=beam)
+    sample = _segments(d, SHAPES)
+    with SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts):
+        hypos = gen.generate(None, sample)
+    assert _check(hypos, sample, d, opts) == len(SHAPES) * beam
+    assert gen.max_len_b == 200 and "forward_decoder" not in gen.model.__dict__  # restored
+
+
+def test_model_positions_cap_the_output_and_counts_still_hold():
+    """The model's maximum target positions below the frame's sum: every
+    hypothesis still has its ``n`` sentences (they end before their own
+    maximum), within the cap; a segment whose ``n`` sentences of ``m`` tokens
+    cannot fit is refused, naming it."""
+    d = _dictionary()
+    opts = FrameOptions(min_sentence_len=1, max_len_a=2.0, max_len_b=5)
+    bias = torch.zeros(len(d))
+    bias[d.eos()] = bias[d.index(SEP)] = -8.0  # the model never wants to stop
+    gen = SequenceGenerator(_StubEnsemble(len(d), bias, positions=14), d, beam_size=3)
+    sample = _segments(d, [[3, 3, 3], [1, 2], [2, 2, 2, 2]])
+    with SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts) as frame:
+        assert frame.max_len == 13
+        hypos = gen.generate(None, sample)
+    assert _check(hypos, sample, d, opts, max_len=13) == 9
+    sample = _segments(d, [[1], [1] * 8])  # 8 sentences need 15 tokens, 13 fit
+    with pytest.raises(InputError, match=r"segment 101 \(batch row 1\): its 8 sentences need at "
+                                         r"least 15 target tokens.*allow 13"):
+        SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts)
+
+
+def _tiny_transformer(d):
+    from fairseq import options
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from fairseq_cli_utils import TINY_MODEL_ARGS, DictionaryTask
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "/dev/null", "--arch", "transformer", "--task", "translation", "--dropout", "0",
+        *TINY_MODEL_ARGS])
+    torch.manual_seed(0)
+    return ARCH_MODEL_REGISTRY["transformer"].build_model(args, DictionaryTask(d)).eval()
+
+
+def test_real_transformer_beam_with_reorders():
+    """A random tiny transformer (incremental state reordered by fairseq as
+    usual), beam 3, nbest 3: every hypothesis keeps the sentences."""
+    d = _dictionary()
+    model = _tiny_transformer(d)
+    opts = FrameOptions(min_sentence_len=1, max_len_a=1.5, max_len_b=3)
+    gen = SequenceGenerator([model], d, beam_size=3)
+    sample = _segments(d, SHAPES, seed=3)
+    with SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts):
+        hypos = gen.generate([model], sample)
+    assert _check(hypos, sample, d, opts) == len(SHAPES) * 3
+
+
+def test_with_nothing_to_constrain_the_search_is_fairseqs():
+    """One-sentence segments, ``a = 0``: the frame's only constraints are
+    fairseq's own (``<sep>`` suppressed, at most ``b`` tokens, ``</s>`` not
+    first), so the hypotheses (tokens, scores) are those of fairseq's
+    generator with ``--max-len-a 0 --max-len-b b`` and ``<sep>`` suppressed:
+    the wrapper disturbs nothing else."""
+    d = _dictionary()
+    model = _tiny_transformer(d)
+    sample = _segments(d, [[5], [3], [7], [2]], seed=5)
+    plain = SequenceGenerator([model], d, beam_size=4, max_len_a=0, max_len_b=6,
+                              tokens_to_suppress=[SEP])
+    ref = plain.generate([model], sample)
+    gen = SequenceGenerator([model], d, beam_size=4)
+    opts = FrameOptions(min_sentence_len=1, max_len_a=0.0, max_len_b=6)
+    with SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts):
+        ours = gen.generate([model], sample)
+    for a, b in zip(ours, ref):
+        assert len(a) == len(b) == 4
+        for x, y in zip(a, b):
+            assert torch.equal(x["tokens"], y["tokens"])
+            assert torch.allclose(x["positional_scores"], y["positional_scores"])
+            assert float(x["score"]) == pytest.approx(float(y["score"]))
+
+
+def test_no_read_back_per_step():
+    """The frame reads two numbers back once per call (the batch's limits)
+    and nothing per step (counted with the project's counter)."""
+    from ctx_fairseq.host_reads import HostReadCounter
+
+    d = _dictionary()
+    gen = SequenceGenerator(_StubEnsemble(len(d)), d, beam_size=2)
+    sample = _segments(d, SHAPES)
+    opts = FrameOptions()
+    with HostReadCounter() as built:
+        frame = SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts)
+    assert built.total == 1, built.by_op
+    hyps = len(SHAPES) * 2
+    tokens = torch.full((hyps, 1), d.eos())
+    with frame, HostReadCounter() as steps:
+        for t in range(6):
+            lprobs = torch.randn(hyps, len(d)).log_softmax(-1)
+            frame.constrain(tokens, lprobs)
+            order = torch.randperm(hyps)
+            gen.model.reorder_incremental_state([{}], order)  # (the frame's, wrapping the stub's)
+            tokens = torch.cat([tokens[order], torch.randint(4, len(d), (hyps, 1))], 1)
+    assert steps.total == 0, steps.by_op
+
+
+def test_source_sentence_lengths_left_padded():
+    d = _dictionary()
+    sample = _segments(d, [[3, 1, 2], [4], [0, 2]])
+    n, lengths = source_sentence_lengths(sample["net_input"]["src_tokens"], d.index(SEP),
+                                         d.eos(), d.pad())
+    assert n.tolist() == [3, 1, 2]
+    assert lengths[:, :3].tolist() == [[3, 1, 2], [4, 0, 0], [0, 2, 0]]
+
+
+# ------------------------------------------------------------------- the task
+def _cfg(**kw):
+    base = dict(doc2doc="greedy", doc2doc_separator=SEP, doc2doc_frame=False,
+                doc2doc_min_sentence_len=1, doc2doc_max_len_a=1.5, doc2doc_max_len_b=10)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_frame_options_when_used():
+    gtrans = SimpleNamespace(always_frame=True)
+    plain = SimpleNamespace()
+    assert frame_options(_cfg(), [plain]) is None
+    assert frame_options(_cfg(doc2doc_frame=True), [plain]) == FrameOptions()
+    assert frame_options(_cfg(doc2doc_min_sentence_len=2), [gtrans]).min_sentence_len == 2
+    assert frame_options(_cfg(doc2doc="none"), [gtrans]) is None
+    assert frame_options(SimpleNamespace(), [plain]) is None  # options not declared
+    with pytest.raises(InputError, match="--doc2doc-frame .* needs --doc2doc greedy"):
+        frame_options(_cfg(doc2doc="none", doc2doc_frame=True), [plain])
+    with pytest.raises(InputError, match="at least 1 token"):
+        frame_options(_cfg(doc2doc_frame=True, doc2doc_min_sentence_len=0), [plain])
+
+
+def _task(cfg, d):
+    from fairseq.tasks.translation import TranslationTask
+
+    from ctx_fairseq.tasks.document_generation import DocumentGenerationMixin
+
+    class Task(DocumentGenerationMixin, TranslationTask):
+        uses_context = False
+
+        def __init__(self):  # (no data: only what generation reads)
+            self.cfg, self.src_dict, self.tgt_dict = cfg, d, d
+
+    return Task()
+
+
+def test_task_dispatch_frame_on_and_off():
+    """``inference_step``: with ``--doc2doc-frame`` (or a model that always
+    frames) every hypothesis keeps the sentences; without, fairseq's
+    generator runs unwrapped (the same output as calling it directly)."""
+    d = _dictionary()
+    model = _tiny_transformer(d)
+    sample = _segments(d, SHAPES, seed=7)
+    gen = SequenceGenerator([model], d, beam_size=2)
+    off = _task(_cfg(), d).inference_step(gen, [model], sample)
+    direct = gen.generate([model], sample)
+    for a, b in zip(off, direct):
+        assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(a, b))
+    cfg = _cfg(doc2doc_frame=True, doc2doc_max_len_a=1.0, doc2doc_max_len_b=2)
+    on = _task(cfg, d).inference_step(gen, [model], sample)
+    opts = frame_options(cfg, [model])
+    assert _check(on, sample, d, opts) == len(SHAPES) * 2
+    model.always_frame = True  # (transformer_gtrans's class attribute)
+    again = _task(_cfg(doc2doc_max_len_a=1.0, doc2doc_max_len_b=2), d).inference_step(
+        gen, [model], sample)
+    assert [[h["tokens"].tolist() for h in r] for r in again] == \
+        [[h["tokens"].tolist() for h in r] for r in on]
+
+
+def test_task_errors():
+    d = _dictionary()
+    task = _task(_cfg(doc2doc_frame=True), d)
+    with pytest.raises(InputError, match="fairseq-interactive with --doc2doc is not supported"):
+        task.build_dataset_for_inference([torch.tensor([5, 2])], [2])
+    model = _tiny_transformer(d)
+    for flag, msg in ((dict(min_len=2), "--min-len 2 cannot"),
+                      (dict(match_source_len=True), "--match-source-len cannot"),
+                      (dict(prefix_size=1), "--prefix-size cannot")):
+        with pytest.raises(InputError, match=msg):
+            task.build_generator([model], Namespace(**flag))
+    no_sep = _dictionary()
+    no_sep.symbols[no_sep.index(SEP)] = "<other>"
+    no_sep.indices = {s: i for i, s in enumerate(no_sep.symbols)}
+    with pytest.raises(InputError, match="separator '<sep>' is not in the source dictionary"):
+        _task(_cfg(doc2doc_frame=True), no_sep).build_generator([model], Namespace())
+
+
+@pytest.mark.slow
+def test_decoding_speed_with_and_without_frame(record_property):
+    """Decoding speed, tiny transformer on the CPU, beam 5, 16 segments of 4
+    sentences: the frame's cost per step (figures in the record)."""
+    d = _dictionary(200)
+    model = _tiny_transformer(d)
+    sample = _segments(d, [[8, 12, 6, 10]] * 16, seed=9)
+    opts = FrameOptions(max_len_a=1.5, max_len_b=10)
+    n = sum(int(x) for x in [8, 12, 6, 10])
+    b = int(1.5 * 8 + 10) + int(1.5 * 12 + 10) + int(1.5 * 6 + 10) + int(1.5 * 10 + 10) + 3
+    figures = {}
+    for name in ("plain", "frame"):
+        gen = SequenceGenerator([model], d, beam_size=5, max_len_a=0, max_len_b=b)
+        steps = []
+        inner = gen.model.forward_decoder
+
+        def counted(tokens, *a, **k):
+            steps.append(1)
+            return inner(tokens, *a, **k)
+
+        gen.model.forward_decoder = counted
+        best = math.inf
+        for _ in range(3):
+            steps.clear()
+            t0 = time.perf_counter()
+            if name == "frame":
+                with SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts):
+                    hyps = gen.generate([model], sample)
+            else:
+                hyps = gen.generate([model], sample)
+            best = min(best, time.perf_counter() - t0)
+        tokens = sum(len(h[0]["tokens"]) for h in hyps)
+        figures[name] = (best, len(steps), tokens)
+        record_property(f"{name}_seconds", round(best, 3))
+        record_property(f"{name}_ms_per_step", round(1000 * best / len(steps), 2))
+        print(f"{name}: {best:.3f} s, {len(steps)} steps, {1000 * best / len(steps):.2f} ms/step,"
+              f" {tokens / best:.0f} tokens/s (source {n} tokens per segment)")
+    per_step = {k: v[0] / v[1] for k, v in figures.items()}
+    assert per_step["frame"] <= 1.5 * per_step["plain"]
