@@ -177,6 +177,20 @@ class ContextSpec:
     #: ``--concat-break``: the symbol that ends each prepended sentence
     concat_break: str = "<brk>"
 
+    # -------------------------------------------------------------- doc2doc
+    #: ``--doc2doc``: ``none`` (sentence by sentence), ``greedy`` or
+    #: ``multires``: segments of consecutive sentences translated at once
+    #: (:mod:`ctx_fairseq.data.segments`); no context inputs
+    doc2doc: str = "none"
+    #: ``--doc2doc-max-tokens``: a segment's most tokens (its longer side)
+    doc2doc_max_tokens: int = 512
+    #: ``--doc2doc-separator`` with ``--doc2doc`` (None without): the symbol
+    #: ending each sentence of a segment but the last
+    doc2doc_separator: Optional[str] = None
+    #: its index in the source dictionary (the task checks that the target
+    #: dictionary has it at the same index); None without ``--doc2doc``
+    doc2doc_separator_index: Optional[int] = None
+
     @classmethod
     def from_task_config(cls, cfg, src_dict) -> "ContextSpec":
         """The document task configuration's spec, built once
@@ -208,7 +222,8 @@ class ContextSpec:
             length_buckets=int(cfg.length_buckets or 1),
             left_pad_source=bool(cfg.left_pad_source), left_pad_target=bool(cfg.left_pad_target),
             context_separator=sep, context_separator_index=sep_index,
-            concat_context=bool(cfg.concat_context), concat_break=str(cfg.concat_break))
+            concat_context=bool(cfg.concat_context), concat_break=str(cfg.concat_break),
+            **_doc2doc_fields(cfg, src_dict))
 
     @property
     def whole_document(self) -> bool:
@@ -245,6 +260,20 @@ class ContextSpec:
 
 def _cfg_get(cfg, name: str, default: Any = None) -> Any:
     return cfg.get(name, default) if hasattr(cfg, "get") else getattr(cfg, name, default)
+
+
+def _doc2doc_fields(cfg, src_dict) -> Dict[str, Any]:
+    """The spec's doc2doc fields from a task configuration (a configuration
+    older than the options: ``none``)."""
+    mode = str(_cfg_get(cfg, "doc2doc", "none") or "none")
+    out: Dict[str, Any] = {"doc2doc": mode,
+                           "doc2doc_max_tokens": int(_cfg_get(cfg, "doc2doc_max_tokens", 512))}
+    if mode != "none":
+        sep = str(_cfg_get(cfg, "doc2doc_separator", "<sep>"))
+        idx = src_dict.index(sep)
+        out["doc2doc_separator"] = sep
+        out["doc2doc_separator_index"] = idx if idx != src_dict.unk() else None
+    return out
 
 
 def sampled_context_size(cfg) -> int:

@@ -31,7 +31,7 @@ from ctx_fairseq.tasks.document_config import CONTEXT_OPTIONS, FLAG_OPTIONS
 from ctx_fairseq.data.windows import check_context_sizes
 from ctx_fairseq.errors import InputError
 
-__all__ = ["validate_context_options",
+__all__ = ["validate_context_options", "validate_doc2doc_options",
            "context_option_args", "context_option_diff", "task_setting"]
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ def validate_context_options(cfg) -> None:
     if sample:
         check_context_sizes(sample, None, src_k, tgt_k, _get(cfg, "context_direction", "prev"),
                             document, memory)
+    validate_doc2doc_options(cfg)
     weight = float(_get(cfg, "concat_context_loss_weight", 1.0))
     concat = bool(_get(cfg, "concat_context", False))
     if weight != 1.0 and not concat:
@@ -108,6 +109,74 @@ def validate_context_options(cfg) -> None:
     if _get(cfg, "context_direction", "prev") != "prev" or document != "none" or memory:
         raise InputError("--concat-context takes previous sentences only (--context-direction "
                          "prev, no --document-context / --document-memory)")
+
+
+#: options that give a sentence context inputs, or batches of another kind:
+#: none goes with ``--doc2doc`` (the option, the value it may not have)
+_NOT_WITH_DOC2DOC = (
+    ("concat_context", False, "the concatenation baseline prepends context sentences"),
+    ("document_context", "none", "a whole-document context is a context input"),
+    ("document_memory", False, "a document memory is a context input"),
+    ("document_batching", False, "segments are batched by length as sentences are"),
+    ("context_ablation", "none", "segments carry no context to ablate"),
+    ("context_dropout", 0.0, "segments carry no context to drop"),
+    ("coword_dropout", 0.0, "CoWord dropout drops words of the current sentence beside its "
+                            "context"),
+    ("sampled_context_size", 0, "segments carry no context to sample"),
+    ("sample_context_size", 0, "segments carry no context to sample"),
+    ("gold_target_context", False, "segments carry no target context"),
+    ("target_context_file", None, "segments carry no target context"),
+    ("own_target_context", False, "segments carry no target context"),
+    ("truncate_source", False, "a segment is never truncated (a long one is refused when "
+                               "the data is loaded)"),
+)
+
+
+def validate_doc2doc_options(cfg) -> None:
+    """``--doc2doc`` and its options: a segment is a sentence-level model's
+    input, so no context option goes with it (``--source-context-size 0
+    --target-context-size 0`` must be given: the task's default source
+    context size is 1), the limits are positive, and the frame's options
+    are checked (they are read only with ``--doc2doc``)."""
+    mode = _get(cfg, "doc2doc", "none") or "none"
+    frame = bool(_get(cfg, "doc2doc_frame", False))
+    scale = float(_get(cfg, "lr_scale_pretrained", 1.0))
+    if scale < 0:
+        raise InputError(f"--lr-scale-pretrained must be >= 0, got {scale}")
+    if mode == "none":
+        if frame:
+            raise InputError("--doc2doc-frame decodes segments: it goes with --doc2doc "
+                             "greedy|multires")
+        return
+    src_k, tgt_k = int(cfg.source_context_size), int(cfg.target_context_size)
+    if src_k or tgt_k:
+        raise InputError(f"--doc2doc {mode} translates segments of whole sentences with no "
+                         f"context inputs: give --source-context-size 0 (the default is 1) "
+                         f"and --target-context-size 0 (got {src_k} and {tgt_k})")
+    for name, none, why in _NOT_WITH_DOC2DOC:
+        value = _get(cfg, name, none)
+        if value is not None and value != none and not (none is None and not value):
+            raise InputError(f"--{name.replace('_', '-')} {value} with --doc2doc {mode}: "
+                             f"{why}; leave it out")
+    n = int(_get(cfg, "doc2doc_max_tokens", 512))
+    if n < 2:
+        raise InputError(f"--doc2doc-max-tokens must be >= 2 (a token and </s>), got {n}")
+    for side in ("source", "target"):
+        limit = _get(cfg, f"max_{side}_positions", None)
+        if limit is not None and n > int(limit):
+            raise InputError(f"--doc2doc-max-tokens {n} is more than --max-{side}-positions "
+                             f"{limit}: segments that long could not be read; lower it or "
+                             "raise the positions")
+    sep = str(_get(cfg, "doc2doc_separator", "<sep>") or "")
+    if not sep or any(c.isspace() for c in sep) or sep in ("<s>", "<pad>", "</s>", "<unk>"):
+        raise InputError(f"--doc2doc-separator {sep!r}: expected one symbol without white "
+                         "space, not one of fairseq's special symbols")
+    if int(_get(cfg, "doc2doc_min_sentence_len", 1)) < 0:
+        raise InputError("--doc2doc-min-sentence-len must be >= 0")
+    a, b = float(_get(cfg, "doc2doc_max_len_a", 1.5)), int(_get(cfg, "doc2doc_max_len_b", 10))
+    if a < 0 or b < 0 or (a == 0 and b == 0):
+        raise InputError(f"--doc2doc-max-len-a {a} / --doc2doc-max-len-b {b}: expected a >= 0, "
+                         "b >= 0 and a sentence allowed at least one token")
 
 
 def context_option_args(task_cfg) -> List[str]:

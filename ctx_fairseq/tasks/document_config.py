@@ -17,12 +17,18 @@ from ctx_fairseq.data.layouts import DIRECTIONS, DOCUMENT_CONTEXTS
 
 logger = logging.getLogger(__name__)
 
+#: ``--doc2doc``: none (sentence by sentence), greedy segments (Junczys-Dowmunt
+#: 2019) or multi-resolution training segments (Sun et al. 2022); see
+#: :mod:`ctx_fairseq.data.segments`
+DOC2DOC_MODES = ("none", "greedy", "multires")
+
 
 #: options that change what a model sees, compared with the checkpoint's
 #: (``DocumentTranslationTask.check_context_options``)
 CONTEXT_OPTIONS = ("source_context_size", "target_context_size", "context_direction",
                    "document_context", "document_memory", "context_separator",
-                   "concat_context", "concat_break")
+                   "concat_context", "concat_break",
+                   "doc2doc", "doc2doc_max_tokens", "doc2doc_separator")
 #: of those, the ones given as a bare flag (``store_true``)
 FLAG_OPTIONS = ("document_memory", "concat_context")
 
@@ -116,6 +122,42 @@ class DocumentTranslationConfig(TranslationConfig):
         default=1.0, metadata={"help": "--concat-context with target context: weight of the "
                                        "target context tokens in the loss (needs --criterion "
                                        "label_smoothed_cross_entropy_ctx unless 1)"})
+    doc2doc: ChoiceEnum(list(DOC2DOC_MODES)) = field(
+        default="none", metadata={"help": "translate documents as segments of consecutive "
+                                          "sentences, each sentence ended by "
+                                          "--doc2doc-separator (the last by </s>): greedy "
+                                          "segments of at most --doc2doc-max-tokens "
+                                          "(Junczys-Dowmunt 2019), or multires: training on "
+                                          "each document split into 1, 2, 4, ... chunks "
+                                          "(Sun et al. 2022; other splits are segmented "
+                                          "greedily); any sentence-level architecture; needs "
+                                          "--source-context-size 0 (docs/doc2doc.md)"})
+    doc2doc_max_tokens: int = field(
+        default=512, metadata={"help": "--doc2doc: the most tokens of a segment, counted on "
+                                       "its longer side, separators and the final </s> "
+                                       "included (a longer sentence is a segment alone)"})
+    doc2doc_separator: str = field(
+        default="<sep>", metadata={"help": "--doc2doc: the symbol ending each sentence of a "
+                                           "segment but the last (added to both dictionaries "
+                                           "when missing)"})
+    doc2doc_frame: bool = field(
+        default=False, metadata={"help": "--doc2doc generation: decode within the "
+                                         "sentence-count frame (as many sentences as the "
+                                         "source; transformer_gtrans always does)"})
+    doc2doc_min_sentence_len: int = field(
+        default=1, metadata={"help": "--doc2doc-frame: the tokens a sentence needs before a "
+                                     "separator may end it"})
+    doc2doc_max_len_a: float = field(
+        default=1.5, metadata={"help": "--doc2doc-frame: sentence i has at most "
+                                       "a*|src_i|+b tokens (this is a)"})
+    doc2doc_max_len_b: int = field(
+        default=10, metadata={"help": "--doc2doc-frame: sentence i has at most "
+                                      "a*|src_i|+b tokens (this is b)"})
+    lr_scale_pretrained: float = field(
+        default=1.0, metadata={"help": "training from a sentence checkpoint "
+                                       "(--finetune-from-model, --init-from-sentence-"
+                                       "checkpoint): learning-rate multiplier of the "
+                                       "parameters loaded from it (G-Transformer: 0.2)"})
     own_target_context: bool = field(
         default=False, metadata={"help": "generation: target context from the model's own "
                                          "translations of the previous sentences, in document "

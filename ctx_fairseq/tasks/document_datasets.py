@@ -19,6 +19,8 @@ from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.concat_dataset import ConcatContextDataset, concat_limits
 from ctx_fairseq.data.document_dataset import DocumentContextDataset
 from ctx_fairseq.data.docids import read_docids
+from ctx_fairseq.data.segment_dataset import SegmentDataset, check_positions, find_symbol
+from ctx_fairseq.data.segments import document_starts, plan_segments
 from ctx_fairseq.errors import InputError
 from ctx_fairseq.tasks.context_options import (
     context_option_diff,
@@ -165,6 +167,9 @@ class DocumentDatasetsMixin:
         base = self.datasets[split]
         path = os.path.join(self._data_path(split, epoch), f"{split}.docids")
         doc_ids = read_docids(path, expected=len(base))
+        if self.cfg.doc2doc != "none":
+            self._load_segments(split, epoch, base, doc_ids, path, generating)
+            return
         tgt_context = None
         if self.context_spec.target_context_size > 0 and tgt_file:
             tgt_context = read_target_context_file(tgt_file, self.tgt_dict, len(base))
@@ -191,6 +196,61 @@ class DocumentDatasetsMixin:
                         f"{spec.sampled_context_size} (drawn per sentence and epoch from --seed "
                         f"{spec.seed}; this split only)")
         self._log_truncation(split, ds)
+
+    def _load_segments(self, split: str, epoch: int, base, doc_ids: Sequence[str], path: str,
+                       generating: bool) -> None:
+        """``--doc2doc``: the split as segments
+        (:class:`~ctx_fairseq.data.segment_dataset.SegmentDataset`), planned in
+        the training mode for the split fairseq-train trains on and greedily
+        for every other (validation, generation); the plan's summary logged,
+        a segment over the positions and the separator inside the text
+        refused (one line each)."""
+        c = self.cfg
+        training = split == c.train_subset and not generating
+        mode = c.doc2doc if training else "greedy"
+        sep = c.doc2doc_separator
+        prefix = os.path.join(self._data_path(split, epoch),
+                              f"{split}.{c.source_lang}-{c.target_lang}")
+        for side, data, lang in (("src", base.src, c.source_lang),
+                                 ("tgt", base.tgt, c.target_lang)):
+            if data is None or not self._separator_in_data.get(side):
+                continue  # added by the task: no binarized token has its index
+            d = self.src_dict if side == "src" else self.tgt_dict
+            line = find_symbol(data, d.index(sep))
+            if line is not None:
+                raise InputError(
+                    f"{prefix}.{lang}: sentence {line} (line {line + 1}, document "
+                    f"{doc_ids[line]!r}) contains the separator {sep!r}: the segments could "
+                    "not be split back into sentences; choose another --doc2doc-separator "
+                    "or remove the symbol from the text")
+        plan = plan_segments(base.src_sizes, base.tgt_sizes, doc_ids, mode,
+                             c.doc2doc_max_tokens)
+        names = [doc_ids[int(i)] for i in document_starts(doc_ids)[:-1]] if len(doc_ids) else []
+        ds = SegmentDataset(base, plan, self.src_dict.index(sep), self.tgt_dict.index(sep),
+                            names, path)
+        check_positions(ds, c.max_source_positions, c.max_target_positions, split)
+        self._warn_empty_sentences(split, base, doc_ids, prefix)
+        self.datasets[split] = ds
+        logger.info(f"{split}: --doc2doc {c.doc2doc} ({mode} on this split): {plan.describe()} "
+                    f"({path})")
+
+    def _warn_empty_sentences(self, split: str, base, doc_ids: Sequence[str],
+                              prefix: str) -> None:
+        """A sentence empty on one side only (``</s>`` alone opposite a
+        non-empty one): the binaries keep the sides line-aligned (fairseq
+        checks their counts; one document id per line), so this is the one
+        way a document's sentences can differ between the sides. It is
+        kept (a segment then holds two separators in a row), and counted."""
+        if base.tgt_sizes is None:
+            return
+        src, tgt = np.asarray(base.src_sizes), np.asarray(base.tgt_sizes)
+        one_side = np.flatnonzero((src <= 1) != (tgt <= 1))
+        if len(one_side):
+            i = int(one_side[0])
+            logger.warning(
+                f"{split}: {len(one_side)} sentence(s) empty on one side only (first: line "
+                f"{i + 1} of {prefix}.*, document {doc_ids[i]!r}); a misaligned document? "
+                "Kept: the segment has an empty sentence there")
 
     def check_context_options(self, trained) -> None:
         """A model is translated with the context it was trained with: options

@@ -142,6 +142,7 @@ from ctx_fairseq.data.document_dataset import DocumentContextDataset
 from ctx_fairseq.data.batching import DocumentShardedEpochBatchIterator, document_groups
 from ctx_fairseq.data.layouts import merge_context_layouts, normalise_context_layout
 from ctx_fairseq.errors import InputError
+from ctx_fairseq.models._fairseq_utils import VocabularyExtension
 from ctx_fairseq.tasks.context_options import validate_context_options
 from ctx_fairseq.tasks.generation import (
     OwnTargetContextState,
@@ -166,6 +167,18 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
             for d in (src_dict, tgt_dict):
                 if d.index(cfg.concat_break) == d.unk() and cfg.concat_break != d.unk_word:
                     d.add_symbol(cfg.concat_break)
+        #: --doc2doc: the dictionaries' sizes before the separator was added
+        #: (a sentence checkpoint's rows, extended on load: build_model), and
+        #: per side whether the separator was in the data's dictionary already
+        self._vocab_before = {"src": len(src_dict), "tgt": len(tgt_dict)}
+        self._separator_in_data = {}
+        if getattr(cfg, "doc2doc", "none") not in (None, "none"):
+            sep = cfg.doc2doc_separator
+            for side, d in (("src", src_dict), ("tgt", tgt_dict)):
+                present = d.index(sep) != d.unk() or sep == d.unk_word
+                self._separator_in_data[side] = present
+                if not present:
+                    d.add_symbol(sep)
         super().__init__(cfg, src_dict, tgt_dict)
         self._interactive: Optional[InteractiveDocumentState] = None
         self._truncation_logged = set()
@@ -292,6 +305,11 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
+        # a sentence checkpoint made without the symbols the task added (--doc2doc's
+        # separator): its embedding / output-projection rows extended on load
+        VocabularyExtension.register(model, self._vocab_before,
+                                     {"src": len(self.src_dict), "tgt": len(self.tgt_dict)},
+                                     seed=getattr(self.cfg, "seed", 1))
         contract = model_contract(model)
         arch = getattr(cfg, "arch", type(model).__name__)
         if self.context_spec.concat_context:
