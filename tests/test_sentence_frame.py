@@ -319,7 +319,8 @@ def test_task_errors():
     model = _tiny_transformer(d)
     for flag, msg in ((dict(min_len=2), "--min-len 2 cannot"),
                       (dict(match_source_len=True), "--match-source-len cannot"),
-                      (dict(prefix_size=1), "--prefix-size cannot")):
+                      (dict(prefix_size=1), "--prefix-size cannot"),
+                      (dict(no_repeat_ngram_size=3), "--no-repeat-ngram-size cannot")):
         with pytest.raises(InputError, match=msg):
             task.build_generator([model], Namespace(**flag))
     no_sep = _dictionary()
@@ -327,6 +328,9 @@ def test_task_errors():
     no_sep.indices = {s: i for i, s in enumerate(no_sep.symbols)}
     with pytest.raises(InputError, match="separator '<sep>' is not in the source dictionary"):
         _task(_cfg(doc2doc_frame=True), no_sep).build_generator([model], Namespace())
+    gen = SequenceGenerator([model], d, min_len=3)  # (built past the task's checks)
+    with pytest.raises(InputError, match="--min-len 3 cannot"):
+        task.inference_step(gen, [model], _segments(d, [[2]]))
 
 
 @pytest.mark.slow

@@ -46,14 +46,18 @@ each hypothesis's batch row. The only read to the host is one per call, of
 two numbers (the batch's longest frame and shortest feasible length), to set
 ``T`` before the search starts.
 
-Not combined with ``--prefix-size``, ``--constraints``, ``--match-source-len``
-or ``--min-len`` above 1 (the frame sets the lengths: refused with an
-:class:`~ctx_fairseq.errors.InputError`).
+Not combined with ``--prefix-size``, ``--constraints``, ``--match-source-len``,
+``--min-len`` above 1 (the frame sets the lengths) or ``--no-repeat-ngram-size``
+(it counts the separator as a word: after a first ``. <sep>`` it would forbid
+the separator the frame needs after another ``.``): refused with an
+:class:`~ctx_fairseq.errors.InputError`. fairseq's ``--max-len-a/-b`` are
+replaced by the frame's for the call.
 """
 
 import logging
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional, Sequence
 
 import torch
@@ -61,6 +65,7 @@ import torch
 from ctx_fairseq.errors import InputError
 
 logger = logging.getLogger(__name__)
+_capped_logged = []  # (the positions' cap is logged once per process)
 
 __all__ = ["FrameOptions", "frame_options", "check_frame_generator", "SentenceFrame",
            "source_sentence_lengths"]
@@ -115,6 +120,10 @@ def check_frame_generator(args) -> None:
     if int(getattr(args, "min_len", 1) or 1) > 1:
         raise InputError(f"--min-len {args.min_len} cannot be combined with the sentence-count "
                          "frame; set each sentence's minimum with --doc2doc-min-sentence-len")
+    if int(getattr(args, "no_repeat_ngram_size", 0) or 0) > 0:
+        raise InputError("--no-repeat-ngram-size cannot be combined with the sentence-count "
+                         "frame: it counts the separators as words, so it forbids a separator "
+                         "after the same words twice (e.g. '. <sep>') where the frame needs one")
     if int(getattr(args, "prefix_size", 0) or 0) > 0:
         raise InputError("--prefix-size cannot be combined with the sentence-count frame")
     if getattr(args, "constraints", None):
@@ -144,8 +153,11 @@ class SentenceFrame:
         if self.model is None or not hasattr(self.model, "forward_decoder"):
             raise InputError(f"the sentence-count frame needs fairseq's SequenceGenerator (beam "
                              f"search or sampling); got {type(generator).__name__}")
-        if getattr(generator, "match_source_len", False) or generator.min_len > 1:
-            check_frame_generator(generator)
+        check_frame_generator(SimpleNamespace(
+            match_source_len=getattr(generator, "match_source_len", False),
+            min_len=generator.min_len,
+            no_repeat_ngram_size=0 if getattr(generator, "repeat_ngram_blocker", None) is None
+            else 1))
         src = sample["net_input"]["src_tokens"]
         self.eos, self.sep, self.m = generator.eos, tgt_sep, opts.min_sentence_len
         pad = generator.pad if src_pad is None else src_pad
@@ -161,7 +173,8 @@ class SentenceFrame:
         self.max_len = min(int(longest), limit)
         if hardest > self.max_len:
             self._refuse(sample, fewest, n, limit)
-        if longest > limit:
+        if longest > limit and not _capped_logged:
+            _capped_logged.append(True)
             logger.warning("sentence-count frame: the longest segment of a batch may need %d "
                            "target tokens (sum of --doc2doc-max-len-a * |x_i| + "
                            "--doc2doc-max-len-b, and its separators); the model's maximum "
@@ -172,7 +185,6 @@ class SentenceFrame:
         self.rows = torch.arange(src.size(0), device=src.device).repeat_interleave(beam)
         self.k = torch.zeros_like(self.rows)
         self.c = torch.zeros_like(self.rows)
-        self.regular = None
 
     def _refuse(self, sample, fewest, n, limit):
         """A segment whose ``n`` sentences of ``m`` tokens do not fit (error
@@ -225,10 +237,6 @@ class SentenceFrame:
             was_sep = tokens[:, -1].eq(self.sep)
             self.k = self.k + was_sep.long()
             self.c = torch.where(was_sep, torch.zeros_like(self.c), self.c + 1)
-        if self.regular is None:
-            self.regular = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
-            self.regular[self.eos] = False
-            self.regular[self.sep] = False
         m, k, c = self.m, self.k, self.c
         n = self.n.index_select(0, self.rows)
         left = n - 1 - k  # separators still to come
@@ -236,7 +244,11 @@ class SentenceFrame:
         need = (m - c - 1).clamp(min=0) + left * (m + 1)
         regular_ok = c.lt(cap_k) & (need + step + 1).le(self.max_len)
         ended = c.ge(m)
-        lprobs = lprobs.masked_fill(~regular_ok.unsqueeze(1) & self.regular, -math.inf)
-        lprobs[:, self.sep] = lprobs[:, self.sep].masked_fill(~(ended & left.gt(0)), -math.inf)
-        lprobs[:, self.eos] = lprobs[:, self.eos].masked_fill(~(ended & left.eq(0)), -math.inf)
+        sep_col = lprobs[:, self.sep].masked_fill(~(ended & left.gt(0)), -math.inf)
+        eos_col = lprobs[:, self.eos].masked_fill(~(ended & left.eq(0)), -math.inf)
+        # the other tokens: one in-place add of 0 or -inf per hypothesis (the step's own tensor)
+        lprobs.add_(torch.zeros_like(lprobs[:, 0]).masked_fill(~regular_ok, -math.inf)
+                    .unsqueeze(1))
+        lprobs[:, self.sep] = sep_col
+        lprobs[:, self.eos] = eos_col
         return lprobs
