@@ -29,6 +29,7 @@ _compat.upgrade_old_context_options()  # --sample-context-size checkpoints take 
 _compat.per_batch_padding()  # a padding micro-batch zeroes its own sample size, not the update's
 _compat.ddp_on_cpu()  # --ddp-backend pytorch_ddp wraps a CPU model without device arguments
 __import__("ctx_fairseq.optim.lr_scale", fromlist=["install"]).install()  # scaled param groups
+_compat.spawned_workers()  # one command spawns N CPU workers; a worker's bad input: one line
 _errors.install_excepthook()  # bad options or files: one line, not a traceback
 
 from ctx_fairseq._registry import import_all_submodules as _import_all  # noqa: E402

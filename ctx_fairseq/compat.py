@@ -81,11 +81,25 @@ output_device arguments only work with single-device/multiple-device GPU
 modules or CPU modules"), so CPU training with gloo needed ``--ddp-backend
 legacy_ddp``. Importing ``ctx_fairseq`` wraps a module on the CPU without
 device arguments; a CUDA module is wrapped as before.
+
+``fairseq-train`` spawns one process per GPU when ``--distributed-world-size``
+exceeds 1 without ``--distributed-no-spawn``; with ``--cpu`` it spawned
+``min(GPUs, N)``, that is none, and ended at once with status 0, having
+trained nothing. Importing ``ctx_fairseq`` spawns ``N`` processes on the CPU
+(one machine: ``--distributed-init-method`` given, ``--distributed-rank 0``;
+without an address, or from another start rank, the command is refused with
+what to give). In a spawned process, on the CPU or a GPU, bad input
+(:class:`~ctx_fairseq.errors.InputError`) prints the one-line error and
+ends that process with status 1; the launching process then ends with
+status 1 without a traceback of its own (the workers' line says why), and
+PyTorch's ``spawn`` ends the other workers, so that no worker waits for a
+failed one.
 """
 
 import functools
 import os
 import shutil
+import sys
 
 import numpy as np
 import torch
@@ -357,3 +371,77 @@ def ddp_on_cpu() -> None:
 
     if dfm.DistributedDataParallel is torch.nn.parallel.DistributedDataParallel:
         dfm.DistributedDataParallel = _DeviceAwareDDP
+
+
+def _spawned_worker(i, main, cfg, kwargs):
+    """One spawned process of fairseq-train (``torch.multiprocessing.spawn``'s
+    function: module level, so that it pickles): fairseq's
+    ``distributed_main``; bad input prints its one line and ends the process
+    with status 1 (a ``SystemExit``, which ``spawn`` does not turn into a
+    traceback)."""
+    from fairseq.distributed import utils as distributed_utils
+
+    from ctx_fairseq.errors import InputError, _prog
+
+    try:
+        distributed_utils.distributed_main(i, main, cfg, kwargs)
+    except InputError as err:
+        print(f"{_prog()}: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _spawning_call_main(original):
+    @functools.wraps(original)
+    def call_main(cfg, main, **kwargs):
+        from ctx_fairseq.errors import InputError
+
+        dt = cfg.distributed_training
+        world = int(dt.distributed_world_size or 1)
+        cpu = bool(cfg.common.cpu) or not torch.cuda.is_available()
+        if world <= 1 or dt.distributed_no_spawn or getattr(cfg.common, "tpu", False):
+            return original(cfg, main, **kwargs)
+        if dt.distributed_init_method is None:
+            if cpu:
+                raise InputError(
+                    f"--distributed-world-size {world} on the CPU needs "
+                    "--distributed-init-method tcp://HOST:PORT (one command spawns the "
+                    f"{world} processes), or one command per rank with --distributed-rank R "
+                    "--distributed-no-spawn (README, Data-parallel training)")
+            distributed_utils.infer_init_method(dt)
+            if dt.distributed_init_method is None or dt.distributed_no_spawn:
+                return original(cfg, main, **kwargs)
+        start_rank = dt.distributed_rank or 0
+        if cpu:
+            if start_rank != 0:
+                raise InputError(
+                    f"--distributed-rank {start_rank}: one command on the CPU spawns all "
+                    f"{world} ranks from 0; for ranks on several machines give each rank its "
+                    "own command with --distributed-no-spawn")
+            nprocs = world
+        else:
+            nprocs = min(torch.cuda.device_count(), world)
+        dt.distributed_rank = None  # fairseq's distributed_main assigns start_rank + i
+        kwargs["start_rank"] = start_rank
+        try:
+            torch.multiprocessing.spawn(fn=_spawned_worker, args=(main, cfg, kwargs),
+                                        nprocs=nprocs, join=True)
+        except torch.multiprocessing.ProcessExitedException as err:
+            if err.exit_code == 1:  # a worker's bad input: its line is printed above
+                raise SystemExit(1) from None
+            raise
+
+    from fairseq.distributed import utils as distributed_utils
+
+    call_main.ctx_fairseq_fixed = True
+    return call_main
+
+
+def spawned_workers() -> None:
+    """Patch fairseq's ``call_main`` (idempotent): the spawned form of
+    ``--distributed-world-size N`` runs ``N`` processes on the CPU, and a
+    worker's bad input ends every process with status 1 and one line (see
+    the module)."""
+    from fairseq.distributed import utils as distributed_utils
+
+    if not getattr(distributed_utils.call_main, "ctx_fairseq_fixed", False):
+        distributed_utils.call_main = _spawning_call_main(distributed_utils.call_main)

@@ -1,6 +1,6 @@
 """fairseq-train in a process of its own, recording what it trains on: run
 as ``python dp_runner.py OUT ARGV...`` (``RANK`` in the environment, 0 for
-a single process). Every update appends the sentence ids of each of its
+a single process; a worker spawned by one command: its process group's rank). Every update appends the sentence ids of each of its
 micro-batches to ``OUT/ids.RANK`` (one line per update, micro-batches
 separated by ``|``, ``-`` for a padding batch), the update's logged
 statistics (the trainer's return value) to ``OUT/stats.RANK`` (one JSON
@@ -20,12 +20,23 @@ import torch  # noqa: E402
 import ctx_fairseq  # noqa: E402,F401
 from fairseq.trainer import Trainer  # noqa: E402
 
-OUT = sys.argv[1]
-RANK = os.environ.get("RANK", "0")
+# a worker spawned by one command re-runs this module with fairseq-train's arguments
+# in sys.argv: it reads OUT from the environment its launcher set
+OUT = os.environ.get("DP_RUNNER_OUT") or sys.argv[1]
 _train_step = Trainer.train_step
 
 
+def _rank() -> str:
+    """This worker's rank: the process group's (a spawned worker), else
+    ``RANK`` from the environment (0 for a single process)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return str(dist.get_rank())
+    return os.environ.get("RANK", "0")
+
+
 def train_step(self, samples, raise_oom=False):
+    RANK = _rank()
     parts = [" ".join(map(str, s["id"].tolist())) if s else "-" for s in samples]
     with open(os.path.join(OUT, f"ids.{RANK}"), "a") as f:
         f.write(" | ".join(parts) + "\n")
@@ -44,5 +55,6 @@ Trainer.train_step = train_step
 if __name__ == "__main__":
     from fairseq_cli.train import cli_main
 
+    os.environ["DP_RUNNER_OUT"] = OUT
     sys.argv = ["fairseq-train"] + sys.argv[2:]
     cli_main()

@@ -64,26 +64,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_training(out_dir, argv, world: int = 1, update_freq: int = 1,
-                 ddp_backend: str = "legacy_ddp", timeout: int = 900):
-    """fairseq-train ``argv`` in ``world`` processes (gloo, TCP rendezvous)
-    recording through ``dp_runner.py`` into ``out_dir``: returns ``out_dir``."""
+def start_training(out_dir, argv, world: int = 1, update_freq: int = 1,
+                   ddp_backend: str = "legacy_ddp", spawn: bool = False):
+    """Start fairseq-train ``argv`` in ``world`` processes (gloo, TCP
+    rendezvous) recording through ``dp_runner.py`` into ``out_dir``: one
+    command per rank (``--distributed-no-spawn``), or with ``spawn`` one
+    command that spawns them. Returns the processes and their open logs."""
     os.makedirs(out_dir, exist_ok=True)
     argv = [*argv, "--update-freq", str(update_freq)]
     if world > 1:
         argv += ["--distributed-world-size", str(world), "--distributed-backend", "gloo",
                  "--ddp-backend", ddp_backend,
-                 "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}",
-                 "--distributed-no-spawn"]
+                 "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}"]
+        if not spawn:
+            argv.append("--distributed-no-spawn")
     procs, logs = [], []
-    for rank in range(world):
-        extra = ["--distributed-rank", str(rank)] if world > 1 else []
+    for rank in range(1 if spawn else world):
+        extra = ["--distributed-rank", str(rank)] if world > 1 and not spawn else []
         log = open(os.path.join(out_dir, f"log.{rank}"), "w+")
         logs.append(log)
         procs.append(subprocess.Popen(
             [sys.executable, RUNNER, str(out_dir), *argv, *extra],
             env=dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank)),
             stdout=log, stderr=subprocess.STDOUT, text=True))
+    return procs, logs
+
+
+def run_training(out_dir, argv, world: int = 1, update_freq: int = 1,
+                 ddp_backend: str = "legacy_ddp", timeout: int = 900, spawn: bool = False):
+    """fairseq-train ``argv`` in ``world`` processes (:func:`start_training`),
+    waited for: returns ``out_dir``; a failed rank fails the test."""
+    procs, logs = start_training(out_dir, argv, world, update_freq, ddp_backend, spawn)
     deadline = time.time() + timeout
     failed = None
     try:  # a rank that fails ends the run (the others would wait for it forever)
@@ -417,3 +428,66 @@ def test_the_readme_commands_run_as_written(toy_bin, tmp_path):
         log.seek(0)
         assert p.returncode == 0, log.read()[-5000:]
     assert len(updates(tmp_path, 2)) == 2
+
+
+def test_one_command_spawns_the_cpu_workers(toy_bin, sentence_ckpt, single_runs, tmp_path):
+    """``--distributed-world-size 2 --distributed-init-method tcp://...``
+    without ``--distributed-no-spawn`` on the CPU: fairseq spawned
+    ``min(GPUs, 2)`` = 0 processes and ended with status 0, having trained
+    nothing; ctx_fairseq.compat spawns the 2 workers, which train as one
+    process with ``--update-freq 2``."""
+    multi = run_training(tmp_path, train_argv(toy_bin, sentence_ckpt, "document_batching"),
+                         world=2, spawn=True)
+    assert_same_training(single_runs("document_batching", 2), multi, 2)
+
+
+def _bad_data(toy_bin, tmp_path):
+    """A copy of the toy binaries whose train.docids lacks its last line."""
+    import shutil
+
+    bad = str(tmp_path / "bad_bin")
+    shutil.copytree(toy_bin, bad)
+    with open(os.path.join(toy_bin, "train.docids")) as f:
+        lines = f.read().splitlines()
+    with open(os.path.join(bad, "train.docids"), "w") as f:
+        f.write("\n".join(lines[:-1]) + "\n")
+    return bad, f"{bad}/train.docids: {len(lines) - 1} document ids for {len(lines)} sentences"
+
+
+@pytest.mark.parametrize("spawn", [False, True], ids=["command_per_rank", "spawned"])
+@pytest.mark.parametrize("fault", ["docids", "missing_split"])
+def test_bad_input_ends_every_worker_with_one_line(fault, spawn, toy_bin, tmp_path):
+    """A docids file that does not match the data, or a missing split: every
+    worker prints the same one-line error (no traceback), and every process
+    ends with a non-zero status within 60 seconds: none waits for another."""
+    data, expected = toy_bin, None
+    extra = []
+    if fault == "docids":
+        data, expected = _bad_data(toy_bin, tmp_path)
+    else:
+        extra = ["--valid-subset", "nosuch"]
+        expected = f"split 'nosuch' not found in {toy_bin}"
+    argv = [data, "--user-dir", USER_DIR, *SETTINGS["sentence_batching"][0], *COMMON,
+            "--max-update", "2", *extra]
+    argv.remove("--disable-validation")
+    start = time.time()
+    procs, logs = start_training(tmp_path / "out", argv, world=2, spawn=spawn)
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, 60 - (time.time() - start)))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode not in (None, 0) for p in procs)
+    assert time.time() - start < 60
+    text = ""
+    for log in logs:
+        log.seek(0)
+        text += log.read()
+        log.close()
+    errors = [line for line in text.splitlines() if ": error: " in line]
+    assert "Traceback" not in text, text[-3000:]
+    assert len(errors) == 2 and len(set(e.split(": error: ", 1)[1] for e in errors)) == 1, errors
+    assert expected in errors[0], errors
