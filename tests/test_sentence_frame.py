@@ -372,3 +372,22 @@ def test_decoding_speed_with_and_without_frame(record_property):
               f" {tokens / best:.0f} tokens/s (source {n} tokens per segment)")
     per_step = {k: v[0] / v[1] for k, v in figures.items()}
     assert per_step["frame"] <= 1.5 * per_step["plain"]
+
+
+def test_fairseq_generate_with_the_frame(toy_bin, tmp_path):
+    """fairseq-generate on doc2doc segments of the toy corpus, a briefly
+    trained tiny transformer, ``--doc2doc-frame``, beam 3 and ``--nbest 3``:
+    every hypothesis printed has as many separators as its source."""
+    from fairseq_cli_utils import USER_DIR, train_and_generate
+
+    task = ["--user-dir", USER_DIR, "--task", "document_translation", "--source-context-size",
+            "0", "--doc2doc", "greedy", "--doc2doc-max-tokens", "48"]
+    out = train_and_generate(toy_bin, str(tmp_path / "ck"), "transformer", extra=task,
+                             max_update=2, gen_extra=[*task, "--doc2doc-frame", "--beam", "3",
+                                                      "--nbest", "3"])
+    lines = [line.split("\t") for line in out.splitlines()]
+    src = {f[0][2:]: f[1] for f in lines if f[0].startswith("S-")}
+    hyps = [(f[0][2:], f[2]) for f in lines if f[0].startswith("H-")]
+    assert len(hyps) == 3 * len(src) and any("<sep>" in s for s in src.values())
+    for i, h in hyps:
+        assert h.count("<sep>") == src[i].count("<sep>"), (src[i], h)
