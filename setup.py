@@ -56,6 +56,7 @@ setup(
             "ctx-iterative-decode = ctx_fairseq.cli.iterative_decode:cli_main",
             "ctx-selective-analysis = ctx_fairseq.eval.analyses.selective_analysis:main",
             "ctx-doc-bleu = ctx_fairseq.eval.scoring.doc_bleu:cli_main",
+            "ctx-doc2doc-split = ctx_fairseq.cli.doc2doc_split:cli_main",
             "ctx-probe = ctx_fairseq.eval.analyses.probe:cli_main",
             "ctx-prep-corpora = ctx_fairseq.prep.corpora:cli_main",
             "ctx-make-pronoun-suite = ctx_fairseq.eval.scoring.make_pronoun_suite:cli_main",
