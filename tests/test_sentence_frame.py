@@ -16,9 +16,11 @@ import torch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
 from ctx_fairseq.errors import InputError
+from fairseq_cli_utils import USER_DIR
 from ctx_fairseq.tasks.sentence_frame import (
     FrameOptions,
     SentenceFrame,
+    always_frames,
     frame_options,
     source_sentence_lengths,
 )
@@ -169,24 +171,26 @@ def test_model_positions_cap_the_output_and_counts_still_hold():
         SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts)
 
 
-def _tiny_transformer(d):
+def _tiny_transformer(d, arch="transformer"):
     from fairseq import options
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from fairseq_cli_utils import TINY_MODEL_ARGS, DictionaryTask
 
     args = options.parse_args_and_arch(options.get_training_parser(), [
-        "/dev/null", "--arch", "transformer", "--task", "translation", "--dropout", "0",
-        *TINY_MODEL_ARGS])
+        "/dev/null", "--user-dir", USER_DIR, "--arch", arch, "--task", "translation",
+        "--dropout", "0", *TINY_MODEL_ARGS])
     torch.manual_seed(0)
-    return ARCH_MODEL_REGISTRY["transformer"].build_model(args, DictionaryTask(d)).eval()
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, DictionaryTask(d)).eval()
 
 
-def test_real_transformer_beam_with_reorders():
-    """A random tiny transformer (incremental state reordered by fairseq as
-    usual), beam 3, nbest 3: every hypothesis keeps the sentences."""
+@pytest.mark.parametrize("arch", ["transformer", "transformer_gtrans"])
+def test_real_transformer_beam_with_reorders(arch):
+    """A random tiny transformer or G-Transformer (incremental state
+    reordered by fairseq as usual), beam 3, nbest 3: every hypothesis keeps
+    the sentences."""
     d = _dictionary()
-    model = _tiny_transformer(d)
+    model = _tiny_transformer(d, arch)
     opts = FrameOptions(min_sentence_len=1, max_len_a=1.5, max_len_b=3)
     gen = SequenceGenerator([model], d, beam_size=3)
     sample = _segments(d, SHAPES, seed=3)
@@ -309,6 +313,15 @@ def test_task_dispatch_frame_on_and_off():
         gen, [model], sample)
     assert [[h["tokens"].tolist() for h in r] for r in again] == \
         [[h["tokens"].tolist() for h in r] for r in on]
+
+
+def test_transformer_gtrans_always_frames():
+    """G-Transformer decodes with the frame without ``--doc2doc-frame``; a
+    plain transformer does not."""
+    d = _dictionary()
+    gtrans = _tiny_transformer(d, "transformer_gtrans")
+    assert always_frames(gtrans) and not always_frames(_tiny_transformer(d))
+    assert frame_options(_cfg(), [gtrans]) == FrameOptions()
 
 
 def test_task_errors():

@@ -67,7 +67,7 @@ from ctx_fairseq.errors import InputError
 logger = logging.getLogger(__name__)
 _capped_logged = []  # (the positions' cap is logged once per process)
 
-__all__ = ["FrameOptions", "frame_options", "check_frame_generator", "SentenceFrame",
+__all__ = ["FrameOptions", "always_frames", "frame_options", "check_frame_generator", "SentenceFrame",
            "source_sentence_lengths"]
 
 
@@ -85,6 +85,17 @@ def _doc2doc_mode(cfg) -> str:
     return "none" if mode is None else str(getattr(mode, "value", mode))
 
 
+def always_frames(model) -> bool:
+    """Whether ``model`` always decodes with the frame: its class says so
+    (``always_frame = True``), or it is ``transformer_gtrans`` (G-Transformer
+    keeps its output aligned sentence by sentence; its group tags assume it)."""
+    from fairseq.models import MODEL_REGISTRY
+
+    gtrans = MODEL_REGISTRY.get("transformer_gtrans")
+    return bool(getattr(model, "always_frame", False)) or (
+        gtrans is not None and isinstance(model, gtrans))
+
+
 def frame_options(cfg, models: Sequence = ()) -> Optional[FrameOptions]:
     """The frame's options when generation uses it, else None: with
     ``--doc2doc`` (greedy or multires), given ``--doc2doc-frame`` or a model
@@ -97,7 +108,7 @@ def frame_options(cfg, models: Sequence = ()) -> Optional[FrameOptions]:
             raise InputError("--doc2doc-frame constrains the sentences of a doc2doc segment: it "
                              "needs --doc2doc greedy or --doc2doc multires")
         return None
-    if not (framed or any(getattr(m, "always_frame", False) for m in models)):
+    if not (framed or any(always_frames(m) for m in models)):
         return None
     opts = FrameOptions(separator=str(getattr(cfg, "doc2doc_separator", "<sep>")),
                         min_sentence_len=int(getattr(cfg, "doc2doc_min_sentence_len", 1)),
