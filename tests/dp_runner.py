@@ -1,14 +1,17 @@
 """fairseq-train in a process of its own, recording what it trains on: run
 as ``python dp_runner.py OUT ARGV...`` (``RANK`` in the environment, 0 for
-a single process; a worker spawned by one command: its process group's rank). Every update appends the sentence ids of each of its
-micro-batches to ``OUT/ids.RANK`` (one line per update, micro-batches
-separated by ``|``, ``-`` for a padding batch), the update's logged
-statistics (the trainer's return value) to ``OUT/stats.RANK`` (one JSON
-object a line), and rank 0 saves the model's
-parameters after the update to ``OUT/params.K.pt`` (``K`` = the update's
-number, from 1). fairseq-train's own entry (``cli_main``: argument parsing,
-``distributed_utils.call_main``) runs as a user runs it."""
+a single process; a worker spawned by one command: its process group's
+rank). Every update appends the sentence ids of each of its micro-batches
+to ``OUT/ids.RANK`` (one line per update, micro-batches separated by ``|``,
+``-`` for a padding batch), the update's logged statistics (the trainer's
+return value) to ``OUT/stats.RANK`` (one JSON object a line), a digest of
+the random state the update starts from (fairseq seeds it per update) to
+``OUT/rng.RANK``, and rank 0 saves the model's parameters after the update
+to ``OUT/params.K.pt`` (``K`` = the update's number, from 1). fairseq-train's
+own entry (``cli_main``: argument parsing, ``distributed_utils.call_main``)
+runs as a user runs it."""
 
+import hashlib
 import json
 import os
 import sys
@@ -37,6 +40,10 @@ def _rank() -> str:
 
 def train_step(self, samples, raise_oom=False):
     RANK = _rank()
+    self._set_seed()  # what fairseq's train_step does first: record the stream it seeds
+    state = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()
+    with open(os.path.join(OUT, f"rng.{RANK}"), "a") as f:
+        f.write(state + "\n")
     parts = [" ".join(map(str, s["id"].tolist())) if s else "-" for s in samples]
     with open(os.path.join(OUT, f"ids.{RANK}"), "a") as f:
         f.write(" | ".join(parts) + "\n")

@@ -491,3 +491,26 @@ def test_bad_input_ends_every_worker_with_one_line(fault, spawn, toy_bin, tmp_pa
     assert "Traceback" not in text, text[-3000:]
     assert len(errors) == 2 and len(set(e.split(": error: ", 1)[1] for e in errors)) == 1, errors
     assert expected in errors[0], errors
+
+
+def test_every_worker_draws_dropout_from_the_same_stream_as_one_process(toy_bin, sentence_ckpt,
+                                                                       tmp_path):
+    """Issue 37 item 7, the option kept: fairseq's seeding. Every update
+    starts from the random state of (``--seed``, update) on every worker,
+    the same state as one process's update (docs/document_translation.md,
+    *Dropout across workers*): with dropout the workers draw one stream, and
+    a single-process run is what it was (its stream depends on nothing
+    else)."""
+    argv = train_argv(toy_bin, sentence_ckpt, "sentence_batching", max_update=3)
+    for name, value in (("--dropout", "0.3"), ("--attention-dropout", "0.1")):
+        argv[argv.index(name) + 1] = value
+    single = run_training(tmp_path / "single", argv, update_freq=2)
+    multi = run_training(tmp_path / "multi", argv, world=2)
+
+    def streams(out, rank):
+        with open(os.path.join(out, f"rng.{rank}")) as f:
+            return f.read().split()
+
+    one = streams(single, 0)
+    assert len(one) == 3 and len(set(one)) == 3  # a new state per update
+    assert streams(multi, 0) == streams(multi, 1) == one
