@@ -2,9 +2,10 @@
 (:class:`DocumentGenerationMixin`): fairseq-interactive's documents across
 calls, doc2doc segments under the sentence-count frame
 (:mod:`ctx_fairseq.tasks.sentence_frame`), and one generator call per batch
-for the concatenation baseline's forced prefixes, ``--own-target-context`` (sentences in document order, the
-model's own translations as target context) and plain batches; the checks
-``build_generator`` makes before fairseq builds its generator."""
+for the concatenation baseline's forced prefixes, ``--own-target-context``
+(sentences in document order, the model's own translations as target
+context) and plain batches; the checks ``build_generator`` makes before
+fairseq builds its generator."""
 
 import logging
 from typing import Dict, List, Optional
@@ -24,7 +25,12 @@ from ctx_fairseq.tasks.generation import (
     to_device,
 )
 from ctx_fairseq.tasks.interactive import InteractiveDocumentState, InteractiveDocumentView
-from ctx_fairseq.tasks.sentence_frame import SentenceFrame, check_frame_generator, frame_options
+from ctx_fairseq.tasks.sentence_frame import (
+    SentenceFrame,
+    check_frame_generator,
+    doc2doc_mode,
+    frame_options,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +44,7 @@ class DocumentGenerationMixin:
         in order; a blank line starts a new document. Context is kept across
         calls (buffers). doc2doc is refused: its segments are built from the
         whole document."""
-        mode = getattr(self.cfg, "doc2doc", "none")
-        if str(getattr(mode, "value", mode) or "none") != "none":
+        if doc2doc_mode(self.cfg) != "none":
             raise InputError("fairseq-interactive with --doc2doc is not supported: a segment is "
                              "built from the whole document (up to --doc2doc-max-tokens); "
                              "translate the binarized documents with fairseq-generate")

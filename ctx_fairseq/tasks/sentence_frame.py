@@ -67,8 +67,8 @@ from ctx_fairseq.errors import InputError
 logger = logging.getLogger(__name__)
 _capped_logged = []  # (the positions' cap is logged once per process)
 
-__all__ = ["FrameOptions", "always_frames", "frame_options", "check_frame_generator", "SentenceFrame",
-           "source_sentence_lengths"]
+__all__ = ["FrameOptions", "doc2doc_mode", "always_frames", "frame_options",
+           "check_frame_generator", "SentenceFrame", "source_sentence_lengths"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,8 @@ class FrameOptions:
     max_len_b: int = 10
 
 
-def _doc2doc_mode(cfg) -> str:
+def doc2doc_mode(cfg) -> str:
+    """``--doc2doc`` as a string (``none`` where the option is not declared)."""
     mode = getattr(cfg, "doc2doc", "none")
     return "none" if mode is None else str(getattr(mode, "value", mode))
 
@@ -103,7 +104,7 @@ def frame_options(cfg, models: Sequence = ()) -> Optional[FrameOptions]:
     ``transformer_gtrans``). ``--doc2doc-frame`` without ``--doc2doc`` is an
     error (sentence-level batches have no separators to count)."""
     framed = bool(getattr(cfg, "doc2doc_frame", False))
-    if _doc2doc_mode(cfg) == "none":
+    if doc2doc_mode(cfg) == "none":
         if framed:
             raise InputError("--doc2doc-frame constrains the sentences of a doc2doc segment: it "
                              "needs --doc2doc greedy or --doc2doc multires")
