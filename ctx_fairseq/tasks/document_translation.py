@@ -85,6 +85,20 @@ Options (besides those of ``translation``):
     weights the loss of the target context tokens (with the criterion
     ``label_smoothed_cross_entropy_ctx``). See
     :mod:`ctx_fairseq.data.concat_dataset` and ``docs/concatenation.md``.
+``--doc2doc greedy|multires``
+    documents translated as segments of consecutive sentences, for any
+    sentence-level architecture (no context inputs: needs
+    ``--source-context-size 0``): ``x_1 <sep> ... x_n </s>`` on both sides,
+    planned from the sentence binaries' sizes and ``.docids``
+    (:mod:`ctx_fairseq.data.segments`, :class:`~ctx_fairseq.data.segment_dataset.SegmentDataset`):
+    greedy segments of at most ``--doc2doc-max-tokens`` (Junczys-Dowmunt
+    2019), or for the training split multi-resolution chunks (Sun et al.
+    2022; other splits greedy). ``--doc2doc-separator`` (default ``<sep>``)
+    is added to both dictionaries; a sentence checkpoint made without it
+    loads (``--finetune-from-model``): its embedding and output-projection
+    rows are extended on load (:class:`~ctx_fairseq.models._fairseq_utils.VocabularyExtension`).
+    ``ctx-doc2doc-split`` maps the segments' output back to sentences. See
+    ``docs/doc2doc.md``.
 ``--own-target-context``
     generation with target context: the model's own translations of the
     previous sentences, in document order (documents are batched whole and
