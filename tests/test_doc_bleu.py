@@ -1,7 +1,9 @@
 """ctx-doc-bleu (ctx_fairseq.eval.scoring.doc_bleu): document-level and sentence-level
-sacreBLEU of fairseq-generate output with the split's docids; checked against
-sacreBLEU computed here directly, on hand-written outputs and on a real
-fairseq-generate run of the toy corpus; every error."""
+sacreBLEU of fairseq-generate output with the split's docids, the segment-level
+BLEU of a segment map (G-Transformer's d-BLEU) and the lower-cased tokenized
+variant (Sun et al. 2022's); checked against sacreBLEU computed here directly,
+on hand-written outputs and on a real fairseq-generate run of the toy corpus;
+every error."""
 
 import json
 import os
@@ -10,7 +12,7 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU
 
-from ctx_fairseq.eval.scoring.doc_bleu import cli_main
+from ctx_fairseq.eval.scoring.doc_bleu import cli_main, read_segments, write_segments
 from fairseq_cli_utils import generate
 
 DOCIDS = ["talk-a"] * 3 + ["talk-b"] * 2 + ["talk-c"] * 3
@@ -287,6 +289,132 @@ def test_bpe_left_in_text(files, capsys):
           "they remain after --remove-bpe subword_nmt", capsys, files.out + "x")
 
 
+# ------------------------------------------------------------------ segments and lower case
+
+SEGMENTS = [(0, 2), (2, 1), (3, 2), (5, 3)]  # (first id, sentences) within DOCIDS' documents
+
+
+def segment_file(files, segments=SEGMENTS, name="test.segments"):
+    return files(name, "".join(" ".join(str(i) for i in range(a, a + k)) + "\n"
+                               for a, k in segments))
+
+
+def joined(lines, spans):
+    return [" ".join(lines[a:a + k]) for a, k in spans]
+
+
+def test_segment_level_bleu(files, capsys):
+    """G-Transformer's d-BLEU: corpus BLEU over the segments of the map,
+    each segment's sentences joined; sacreBLEU directly gives the same, a map
+    of the documents gives the document-level score and a map of single
+    sentences the sentence-level one; the reference as hypothesis gives 100."""
+    seg = segment_file(files)
+    res = run([files.gen, "--docids", files.docids, "--segments", seg], files.out)
+    want = BLEU().corpus_score(joined(DETOK, SEGMENTS), [joined(REFS, SEGMENTS)])
+    r = res["segment_level"]
+    assert r["bleu"] == pytest.approx(want.score, abs=1e-9) and r["segments"] == 4
+    assert r["hyp_len"] == res["sentence_level"]["hyp_len"]
+    sent, doc = direct(DETOK, REFS)
+    assert len({round(r["bleu"], 6), round(sent, 6), round(doc, 6)}) == 3  # three figures
+    assert res["segment_map"] == seg and r["signature"] == res["sentence_level"]["signature"]
+    assert r["computes"].startswith("d-BLEU per segment (G-Transformer's)")
+    assert res["sentence_level"]["computes"].startswith("s-BLEU")
+    assert res["document_level"]["computes"].startswith("d-BLEU per document")
+    out = capsys.readouterr().out
+    assert f"segments: {seg} (4 segments)" in out
+    assert (f"segment-level BLEU (4 segments): {want.score:.2f} "
+            f"[sacreBLEU tok:13a, D- lines vs T- lines]") in out
+    assert out.count("  signature: ") == 3
+    md = open(os.path.join(files.out, "doc_bleu.md"), encoding="utf-8").read()
+    assert "segment-level BLEU (4 segments)" in md
+    as_docs = segment_file(files, [(a, b - a) for a, b in DOCS], "docs.segments")
+    res = run([files.gen, "--docids", files.docids, "--segments", as_docs], files.out + "d")
+    assert res["segment_level"]["bleu"] == pytest.approx(doc, abs=1e-9)
+    single = segment_file(files, [(i, 1) for i in range(8)], "single.segments")
+    res = run([files.gen, "--docids", files.docids, "--segments", single], files.out + "s")
+    assert res["segment_level"]["bleu"] == pytest.approx(sent, abs=1e-9)
+    perfect = files("perfect.txt", gen_text(hyp=REFS, detok=REFS))
+    res = run([perfect, "--docids", files.docids, "--segments", seg], files.out + "p")
+    assert [res[k]["bleu"] for k in ("sentence_level", "document_level", "segment_level")] == \
+        pytest.approx([100.0] * 3, abs=1e-9)
+    # without --segments: no segment-level score
+    res = run([files.gen, "--docids", files.docids], files.out + "n")
+    assert "segment_level" not in res and "segment_map" not in res
+
+
+def test_lower_cased_tokenized_bleu(files, capsys):
+    """Sun et al. 2022's s-BLEU and d-BLEU (multi-bleu.perl -lc over
+    tokenized text): --hypotheses H --tokenize none --lowercase against
+    tokenized references, named so and signed case:lc; equal to sacreBLEU's
+    own lower-cased tok:none; the lower-cased reference as hypothesis scores
+    100 (the cased score does not)."""
+    upper = [t.upper() for t in TOK]
+    refs = files("tok_refs.txt", "\n".join(TOK) + "\n")
+    gen = files("upper.txt", gen_text(hyp=upper, detok=DETOK))
+    argv = [gen, "--docids", files.docids, "--refs", refs, "--hypotheses", "H",
+            "--tokenize", "none", "--segments", segment_file(files)]
+    res = run([*argv, "--lowercase"], files.out)
+    for key in ("sentence_level", "document_level", "segment_level"):
+        assert res[key]["bleu"] == pytest.approx(100.0, abs=1e-9), key
+        assert "case:lc|eff:no|tok:none" in res[key]["signature"]
+    assert res["lowercase"] is True and res["metric"]["kind"] == "lower-cased tokenized BLEU"
+    assert "Sun et al. 2022" in res["metric"]["description"] and res["warnings"] == []
+    out = capsys.readouterr().out
+    assert ("sentence-level BLEU (8 sentences): 100.00 [lower-cased tokenized BLEU, tok:none, "
+            "case:lc, H- lines vs --refs]") in out
+    cased = run(argv, files.out + "c")
+    assert cased["sentence_level"]["bleu"] < 10 and cased["lowercase"] is False
+    assert cased["metric"]["kind"] == "tokenized BLEU"
+    # a known case: sacreBLEU's lower-cased tok:none directly, sentences and documents
+    mixed = [t.upper() if i % 2 else t for i, t in enumerate(TOK)]
+    tok_refs = [t.lower() for t in DETOK]
+    gen = files("mixed.txt", gen_text(hyp=mixed, detok=DETOK))
+    refs = files("lower_refs.txt", "\n".join(tok_refs) + "\n")
+    res = run([gen, "--docids", files.docids, "--refs", refs, "--hypotheses", "H", "--tokenize",
+               "none", "-lc"], files.out + "k")
+    lc = BLEU(tokenize="none", lowercase=True)
+    assert res["sentence_level"]["bleu"] == pytest.approx(
+        lc.corpus_score(mixed, [tok_refs]).score, abs=1e-9)
+    spans = [(a, b - a) for a, b in DOCS]
+    assert res["document_level"]["bleu"] == pytest.approx(
+        lc.corpus_score(joined(mixed, spans), [joined(tok_refs, spans)]).score, abs=1e-9)
+    assert 0 < res["document_level"]["bleu"] < 100
+    # lower-cased sacreBLEU (13a) is named as such
+    res = run([files.gen, "--docids", files.docids, "--lowercase"], files.out + "s")
+    assert res["metric"]["kind"] == "lower-cased sacreBLEU"
+    assert res["sentence_level"]["bleu"] == pytest.approx(
+        BLEU(lowercase=True).corpus_score(DETOK, [REFS]).score, abs=1e-9)
+    assert "[lower-cased sacreBLEU tok:13a, case:lc, D- lines vs T- lines]" in \
+        capsys.readouterr().out
+
+
+def test_segment_map_round_trip_and_errors(files, capsys):
+    path = files("w.segments", "")
+    write_segments(path, [range(0, 2), [2], (3, 4), [5, 6, 7]])
+    assert read_segments(path, DOCIDS) == SEGMENTS
+    bad = {
+        "0 1\n2\n3 4\n5 7 6\n": "line 4: ids 5, 7, 6 are not ascending and consecutive",
+        "0 1\n2 3\n4\n5 6 7\n": "line 2: the segment 2-3 crosses documents 'talk-a' and "
+                                   "'talk-b'",
+        "0 1\n2\n3 4\n5 6 7 8\n": "line 4: ids 5-8 lie outside the split (0..7",
+        "0 1 2\n2\n3 4\n5 6 7\n": "1 sentence(s) in two segments: ids 2; expected every "
+                                    "sentence of the split (8 by the docids file) in exactly one",
+        "0 1 2\n3 4\n5 6\n": "1 sentence(s) in none: ids 7",
+        "0 1 2\n\n3 4\n5 6 7\n": "line 2: empty",
+        "0 1 2\n3 4\n5 six 7\n": "line 3: '5 six 7': expected the sentence ids of one segment",
+        "": "empty file; expected one line per segment",
+    }
+    for k, (text, message) in enumerate(bad.items()):
+        seg = files(f"bad{k}.segments", text)
+        fails([files.gen, "--docids", files.docids, "--segments", seg],
+              f"--segments {seg}", capsys, files.out)
+        fails([files.gen, "--docids", files.docids, "--segments", seg], message, capsys,
+              files.out)
+    nowhere = files.out + ".segments"
+    fails([files.gen, "--docids", files.docids, "--segments", nowhere],
+          f"--segments {nowhere}: no such file", capsys, files.out)
+
+
 # ------------------------------------------------------------------ errors
 
 
@@ -392,6 +520,16 @@ def test_end_to_end_fairseq_generate(toy_bin, toy_corpus, sentence_ckpt, tmp_pat
     assert open(raw, encoding="utf-8").read().splitlines() == refs
     with_refs = run([str(gen), "--docids", docids_path, "--refs", raw], out + "r")
     assert with_refs["document_level"] == res["document_level"]
+    # a segment map of consecutive sentences (3 per segment, within documents): the same as
+    # sacreBLEU directly over the joined segments
+    spans = [(a, min(3, e - a)) for d in order
+             for s0, e in [(docids.index(d), n - docids[::-1].index(d))]
+             for a in range(s0, e, 3)]
+    seg = tmp_path / "test.segments"
+    write_segments(str(seg), [range(a, a + k) for a, k in spans])
+    res = run([str(gen), "--docids", docids_path, "--segments", str(seg)], out + "s")
+    assert res["segment_level"]["bleu"] == pytest.approx(BLEU().corpus_score(
+        joined(hyps, spans), [joined(refs, spans)]).score, abs=1e-9)
     # generation that skipped the long sentences: an error listing them, not a smaller score
     text = generate([*gen_args, "--max-source-positions", "7",
                      "--skip-invalid-size-inputs-valid-test"])

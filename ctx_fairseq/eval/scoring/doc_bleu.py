@@ -5,18 +5,30 @@ lines; hypotheses are put back in corpus order by their ids) and the
 ``{split}.docids`` file of the generated split (one document id per sentence,
 documents contiguous), and scores with sacreBLEU (``sacrebleu.metrics.BLEU``):
 
-* **sentence-level BLEU**: corpus BLEU over the sentences (the usual score);
-* **document-level BLEU**: per document, the hypotheses of its sentences
+* **sentence-level BLEU** (s-BLEU): corpus BLEU over the sentences (the
+  usual score);
+* **document-level BLEU** (d-BLEU per document): per document, the hypotheses of its sentences
   joined with spaces and the references likewise; corpus BLEU over the
   documents, each document one segment. Corpus BLEU sums n-gram counts and
   lengths over the segments, so it differs from the sentence-level score
   through the n-grams that cross sentence boundaries and through matches
   clipped per document instead of per sentence (joining adds no tokens: the
   lengths, hence the brevity penalty, stay the same);
+* **segment-level BLEU** (``--segments FILE``, G-Transformer's d-BLEU): per
+  segment of the map (consecutive sentences of one document, e.g. the
+  ``--doc2doc`` segments a model translated at once), its hypotheses joined
+  and its references likewise; corpus BLEU over the segments. Any model's
+  output can be scored on the same map (a sentence-level model's too);
 * the BLEU of each document on its own (same settings), for the table and plot.
 
-Both scores are printed with sacreBLEU's signature, the number of sentences
-and documents, which hypothesis lines were scored against which references,
+Every model gets the same figures: a sentence-level model's sentences are
+joined per document (and per segment) exactly as a document model's are, once
+its segment output is split back into one line per sentence id
+(``ctx-doc2doc-split``).
+
+Each score is printed with sacreBLEU's signature and what it computes
+(``computes:``; the JSON's ``computes``), the number of sentences, documents
+and segments, which hypothesis lines were scored against which references,
 and what kind of BLEU that is (``metric:``; also on each score line).
 
 Hypotheses (``--hypotheses``): fairseq-generate prints ``H-`` (the hypothesis
@@ -44,7 +56,17 @@ the words of the text as given: **tokenized BLEU** (multi-bleu.perl's
 computation) when the hypotheses are the ``H-`` lines or ``D-`` lines equal
 to them, which depends on the tokenization and is not comparable with
 sacreBLEU; on detokenized ``D-`` lines ``--tokenize none`` is neither (a
-warning).
+warning). ``--lowercase`` lower-cases hypotheses and references first
+(sacreBLEU's ``lowercase``, ``case:lc`` in the signature); with ``--tokenize
+none`` over tokenized text that is **lower-cased tokenized BLEU**, Sun et al.
+2022's s-BLEU and d-BLEU (Moses' multi-bleu.perl ``-lc`` over tokenized
+text, one line per sentence or per document).
+
+Segment map (``--segments FILE``, :func:`read_segments`, written by
+:func:`write_segments`): one line per segment, the corpus sentence ids of the
+segment (0-based ids of the split), space-separated, ascending and
+consecutive, all in one document of ``--docids``; every sentence in exactly
+one segment.
 
 BPE: text still holding BPE units (subword-nmt ``@@ `` continuation markers or
 SentencePiece ``\u2581`` markers) is never scored: that is an error, unless
@@ -77,7 +99,8 @@ from ctx_fairseq.generate_output import (BPE_SCHEMES, bleu_metric, lines_with_bp
                                               read_generate_output, remove_bpe)
 from ctx_fairseq.eval.report_files import print_written, pyplot, save_figure, write_table_files
 
-__all__ = ["DocBleuError", "read_references", "documents", "doc_bleu", "format_report",
+__all__ = ["DocBleuError", "read_references", "documents", "read_segments", "write_segments",
+           "doc_bleu", "format_report",
            "format_documents", "plot", "write_outputs", "get_parser", "cli_main"]
 
 PROG = "ctx-doc-bleu"
@@ -121,6 +144,63 @@ def documents(docids: Sequence[str]) -> List[Tuple[str, int, int]]:
         out.append((docid, start, n))
         start += n
     return out
+
+
+def write_segments(path: str, segments) -> None:
+    """Write a segment map (module docstring): one line per segment of
+    ``segments`` (iterables of sentence ids)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for ids in segments:
+            f.write(" ".join(str(int(i)) for i in ids) + "\n")
+
+
+def _segment_line(path: str, lineno: int, line: str, doc_of: Sequence[str]) -> Tuple[int, int]:
+    where = f"--segments {path}, line {lineno}"
+    try:
+        ids = [int(t) for t in line.split()]
+    except ValueError:
+        raise DocBleuError(f"{where}: {line.strip()[:60]!r}: expected the sentence ids of one "
+                           f"segment (integers separated by spaces)") from None
+    if not ids:
+        raise DocBleuError(f"{where}: empty; expected the sentence ids of one segment")
+    n = len(doc_of)
+    if ids != list(range(ids[0], ids[0] + len(ids))):
+        raise DocBleuError(f"{where}: ids {_ids_text(ids, 5)} are not ascending and consecutive "
+                           f"(a segment is consecutive sentences)")
+    if ids[0] < 0 or ids[-1] >= n:
+        raise DocBleuError(f"{where}: ids {_ids_text(ids, 5)} lie outside the split (0..{n - 1} "
+                           f"by the docids file)")
+    if doc_of[ids[0]] != doc_of[ids[-1]]:
+        raise DocBleuError(f"{where}: the segment {_ids_text(ids, 5)} crosses documents "
+                           f"{doc_of[ids[0]]!r} and {doc_of[ids[-1]]!r} of the docids file")
+    return ids[0], len(ids)
+
+
+def read_segments(path: str, doc_of: Sequence[str]) -> List[Tuple[int, int]]:
+    """``(first sentence id, number of sentences)`` of each segment of the map
+    ``path`` (module docstring), checked against the split's document ids
+    ``doc_of`` (one per sentence)."""
+    if not os.path.isfile(path):
+        raise DocBleuError(f"--segments {path}: no such file")
+    with open(path, encoding="utf-8-sig") as f:
+        segs = [_segment_line(path, k, line, doc_of) for k, line in enumerate(f, 1)]
+    if not segs:
+        raise DocBleuError(f"--segments {path}: empty file; expected one line per segment")
+    covered = [0] * len(doc_of)
+    for start, k in segs:
+        for i in range(start, start + k):
+            covered[i] += 1
+    twice = [i for i, c in enumerate(covered) if c > 1]
+    missing = [i for i, c in enumerate(covered) if c == 0]
+    if twice or missing:
+        parts = []
+        if twice:
+            parts.append(f"{len(twice)} sentence(s) in two segments: ids {_ids_text(twice)}")
+        if missing:
+            parts.append(f"{len(missing)} sentence(s) in none: ids {_ids_text(missing)}")
+        raise DocBleuError(f"--segments {path}: {'; '.join(parts)}; expected every sentence of "
+                           f"the split ({len(doc_of)} by the docids file) in exactly one segment")
+    return segs
 
 
 #: what the lines of fairseq-generate output hold (for the report)
@@ -170,8 +250,22 @@ def _choose_hypotheses(gen, path: str, which: str, refs_given: bool,
         "lines": lines, "description": text, "differ_from_H": differ}, warnings
 
 
-def _metric(tokenize: str, lines: str, differ: Optional[int], refs_given: bool) -> Dict:
+def _metric(tokenize: str, lines: str, differ: Optional[int], refs_given: bool,
+            lowercase: bool = False) -> Dict:
     """What kind of BLEU the scores are, for the report (``kind`` is short)."""
+    info = _metric_cased(tokenize, lines, differ, refs_given)
+    if not lowercase:
+        return info
+    label = info["label"].replace(f"tok:{tokenize}", f"tok:{tokenize}, case:lc", 1)
+    sun = (" (Sun et al. 2022's s-BLEU and d-BLEU: multi-bleu.perl -lc over tokenized text)"
+           if info["kind"] == "tokenized BLEU" else "")
+    return {"kind": "lower-cased " + info["kind"], "label": "lower-cased " + label,
+            "description": f"lower-cased {info['kind']}{sun}: hypotheses and references "
+                           f"lower-cased before scoring (--lowercase, sacreBLEU's case:lc), "
+                           f"then {info['description']}"}
+
+
+def _metric_cased(tokenize: str, lines: str, differ: Optional[int], refs_given: bool) -> Dict:
     refs = "--refs" if refs_given else "T- lines"
     if tokenize != "none":
         return {"kind": "sacreBLEU",
@@ -206,11 +300,100 @@ def _check_bpe(lines: Sequence[str], what: str, ids: Sequence[int], hint: str) -
             f"is not word BLEU: {hint}")
 
 
+def _check_ids(generate_output: str, docids: str, ids: Sequence[int], n: int) -> None:
+    if ids == list(range(n)):
+        return
+    missing = sorted(set(range(n)) - set(ids))
+    outside = [i for i in ids if not 0 <= i < n]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} sentence(s) of the split have no hypothesis: ids "
+                     f"{_ids_text(missing)}; expected fairseq-generate output over the whole "
+                     f"split (not a subset or a run cut short; long sentences skipped by "
+                     f"--skip-invalid-size-inputs-valid-test or --max-positions also go "
+                     f"missing)")
+    if outside:
+        parts.append(f"{len(outside)} id(s) lie outside the split (0..{n - 1}): "
+                     f"{_ids_text(outside)}; is {docids} the docids file of the split "
+                     f"that was generated?")
+    raise DocBleuError(f"{generate_output}: hypotheses for {len(ids)} sentences, but "
+                       f"{docids} has {n} document ids (one per sentence of the split); "
+                       + "; ".join(parts))
+
+
+#: what each score computes (the JSON's ``computes``; the report's names)
+COMPUTES = {
+    "sentence_level": "s-BLEU: corpus BLEU over the sentences of the split",
+    "document_level": "d-BLEU per document: corpus BLEU over the documents of --docids, each "
+                      "document's hypotheses joined with spaces and its references likewise",
+    "segment_level": "d-BLEU per segment (G-Transformer's): corpus BLEU over the segments of "
+                     "--segments, each segment's hypotheses joined with spaces and its "
+                     "references likewise",
+}
+
+
+def _bleu(tokenize: Optional[str], lowercase: bool):
+    from sacrebleu.metrics import BLEU
+
+    bleu_metric(tokenize)  # an unknown tokenizer: its error
+    return BLEU(tokenize=tokenize, lowercase=lowercase)
+
+
+def _score(hyps: Sequence[str], refs: Sequence[str], spans: Sequence[Tuple[int, int]],
+           tokenize: Optional[str], lowercase: bool, key: str) -> Dict:
+    """Corpus BLEU over ``spans`` (first line, number of lines), each span's
+    lines joined with spaces (one line each: the sentences themselves)."""
+    m = _bleu(tokenize, lowercase)
+    joined_h = [" ".join(hyps[a:a + k]) for a, k in spans]
+    joined_r = [" ".join(refs[a:a + k]) for a, k in spans]
+    s = m.corpus_score(joined_h, [joined_r])
+    return {"bleu": s.score, "segments": len(spans), "computes": COMPUTES[key],
+            "sacrebleu": str(s), "signature": str(m.get_signature()),
+            "precisions": list(s.precisions), "bp": s.bp, "hyp_len": s.sys_len,
+            "ref_len": s.ref_len}
+
+
+def _references(gen, generate_output: str, refs: Optional[str], docids: str,
+                n: int) -> Tuple[List[str], str]:
+    if refs is None:
+        return gen.references, (f"T- lines of {generate_output}: fairseq-generate's references "
+                                f"(the binarized target, decoded like the D- lines)")
+    references = read_references(refs)
+    if len(references) != n:
+        raise DocBleuError(f"--refs {refs}: {len(references)} lines, but {docids} has {n} "
+                           f"document ids; expected one reference per sentence of the split")
+    return references, f"--refs {refs} (one per sentence, scored as the file holds them)"
+
+
+def _without_bpe(hyps, references, scheme, refs_given: bool, what: str, generate_output: str,
+                 refs: Optional[str], ids) -> Tuple[List[str], List[str], Optional[Dict]]:
+    removed = None
+    if scheme is not None:
+        new_hyps = remove_bpe(hyps, scheme)
+        new_refs = references if refs_given else remove_bpe(references, scheme)
+        removed = {"scheme": scheme,
+                   "hypotheses_changed": sum(a != b for a, b in zip(hyps, new_hyps)),
+                   "references_changed": sum(a != b for a, b in zip(references, new_refs))}
+        hyps, references = new_hyps, new_refs
+    hint = ("run fairseq-generate with --remove-bpe, or give --remove-bpe here"
+            if scheme is None else
+            f"they remain after --remove-bpe {scheme}: is it the right scheme?")
+    _check_bpe(hyps, what, ids, hint)
+    if not refs_given:
+        _check_bpe(references, f"{generate_output} (T- lines)", ids, hint)
+    else:
+        _check_bpe(references, f"--refs {refs}", ids,
+                   "expected plain (detokenized) reference text")
+    return hyps, references, removed
+
+
 def doc_bleu(generate_output: str, docids: str, refs: Optional[str] = None,
              hypotheses: str = "auto", remove_bpe_scheme: Optional[str] = None,
-             tokenize: Optional[str] = None) -> Dict:
-    """Score ``generate_output`` per sentence and per document (module
-    docstring); returns the result dict that :func:`write_outputs` saves."""
+             tokenize: Optional[str] = None, lowercase: bool = False,
+             segments: Optional[str] = None) -> Dict:
+    """Score ``generate_output`` per sentence, per document and (``segments``)
+    per segment (module docstring); returns the result dict that
+    :func:`write_outputs` saves."""
     from ctx_fairseq.data.docids import read_docids
 
     if not os.path.isfile(generate_output):
@@ -218,92 +401,58 @@ def doc_bleu(generate_output: str, docids: str, refs: Optional[str] = None,
     if remove_bpe_scheme is not None and remove_bpe_scheme not in BPE_SCHEMES:
         raise DocBleuError(f"--remove-bpe {remove_bpe_scheme}: expected one of "
                            f"{', '.join(BPE_SCHEMES)}")
-    metric = bleu_metric(tokenize)  # an unknown tokenizer fails before any reading
+    _bleu(tokenize, lowercase)  # an unknown tokenizer fails before any reading
     gen = read_generate_output(generate_output, need_references=refs is None)
     doc_of = read_docids(docids)
     n = len(doc_of)
-    ids = gen.ids
-    if ids != list(range(n)):
-        missing = sorted(set(range(n)) - set(ids))
-        outside = [i for i in ids if not 0 <= i < n]
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} sentence(s) of the split have no hypothesis: ids "
-                         f"{_ids_text(missing)}; expected fairseq-generate output over the whole "
-                         f"split (not a subset or a run cut short; long sentences skipped by "
-                         f"--skip-invalid-size-inputs-valid-test or --max-positions also go "
-                         f"missing)")
-        if outside:
-            parts.append(f"{len(outside)} id(s) lie outside the split (0..{n - 1}): "
-                         f"{_ids_text(outside)}; is {docids} the docids file of the split "
-                         f"that was generated?")
-        raise DocBleuError(f"{generate_output}: hypotheses for {len(ids)} sentences, but "
-                           f"{docids} has {n} document ids (one per sentence of the split); "
-                           + "; ".join(parts))
-    if refs is not None:
-        references = read_references(refs)
-        if len(references) != n:
-            raise DocBleuError(f"--refs {refs}: {len(references)} lines, but {docids} has {n} "
-                               f"document ids; expected one reference per sentence of the split")
-        refs_from = f"--refs {refs} (one per sentence, scored as the file holds them)"
-    else:
-        references = gen.references
-        refs_from = (f"T- lines of {generate_output}: fairseq-generate's references (the "
-                     f"binarized target, decoded like the D- lines)")
+    _check_ids(generate_output, docids, gen.ids, n)
+    segs = read_segments(segments, doc_of) if segments is not None else None
+    references, refs_from = _references(gen, generate_output, refs, docids, n)
     tok = tokenize or "13a"
     hyps, hyp_info, warnings = _choose_hypotheses(gen, generate_output, hypotheses,
                                                   refs is not None, tok)
-    metric_info = _metric(tok, hyp_info["lines"], hyp_info["differ_from_H"], refs is not None)
-    hyp_what = f"{generate_output} ({hyp_info['lines']}- lines)"
-    removed = None
-    if remove_bpe_scheme is not None:
-        new_hyps = remove_bpe(hyps, remove_bpe_scheme)
-        new_refs = remove_bpe(references, remove_bpe_scheme) if refs is None else references
-        removed = {"scheme": remove_bpe_scheme,
-                   "hypotheses_changed": sum(a != b for a, b in zip(hyps, new_hyps)),
-                   "references_changed": sum(a != b for a, b in zip(references, new_refs))}
-        hyps, references = new_hyps, new_refs
-    hint = ("run fairseq-generate with --remove-bpe, or give --remove-bpe here"
-            if remove_bpe_scheme is None else
-            f"they remain after --remove-bpe {remove_bpe_scheme}: is it the right scheme?")
-    _check_bpe(hyps, hyp_what, ids, hint)
-    if refs is None:
-        _check_bpe(references, f"{generate_output} (T- lines)", ids, hint)
-    else:
-        _check_bpe(references, f"--refs {refs}", ids,
-                   "expected plain (detokenized) reference text")
+    metric_info = _metric(tok, hyp_info["lines"], hyp_info["differ_from_H"], refs is not None,
+                          lowercase)
+    hyps, references, removed = _without_bpe(
+        hyps, references, remove_bpe_scheme, refs is not None,
+        f"{generate_output} ({hyp_info['lines']}- lines)", generate_output, refs, gen.ids)
 
     docs = documents(doc_of)
-    doc_hyps = [" ".join(hyps[s:s + k]) for _, s, k in docs]
-    doc_refs = [" ".join(references[s:s + k]) for _, s, k in docs]
-    sent_metric, doc_metric = metric, bleu_metric(tokenize)
-    sent = sent_metric.corpus_score(hyps, [references])
-    doc = doc_metric.corpus_score(doc_hyps, [doc_refs])
-    one = bleu_metric(tokenize)
+    spans = [(s, k) for _, s, k in docs]
+    one = _bleu(tokenize, lowercase)
     per_doc = []
-    for (docid, start, k), h, r in zip(docs, doc_hyps, doc_refs):
-        s = one.corpus_score([h], [[r]])
+    for docid, start, k in docs:
+        s = one.corpus_score([" ".join(hyps[start:start + k])],
+                             [[" ".join(references[start:start + k])]])
         per_doc.append({"docid": docid, "first_line": start, "sentences": k,
                         "bleu": s.score, "hyp_len": s.sys_len, "ref_len": s.ref_len})
-
-    def score(s, m, segments):
-        return {"bleu": s.score, "segments": segments, "sacrebleu": str(s),
-                "signature": str(m.get_signature()), "precisions": list(s.precisions),
-                "bp": s.bp, "hyp_len": s.sys_len, "ref_len": s.ref_len}
-
-    return {
+    result = {
         "generate_output": generate_output, "docids": docids,
         "sentences": n, "documents": len(docs),
         "hypotheses": hyp_info,
         "references": {"source": "refs" if refs is not None else "T", "description": refs_from},
         "remove_bpe": removed,
         "tokenize": tok,
+        "lowercase": lowercase,
         "metric": metric_info,
-        "sentence_level": score(sent, sent_metric, n),
-        "document_level": score(doc, doc_metric, len(docs)),
+        "sentence_level": _score(hyps, references, [(i, 1) for i in range(n)], tokenize,
+                                 lowercase, "sentence_level"),
+        "document_level": _score(hyps, references, spans, tokenize, lowercase,
+                                 "document_level"),
         "per_document": per_doc,
         "warnings": warnings,
     }
+    if segs is not None:
+        result["segment_map"] = segments
+        result["segment_level"] = _score(hyps, references, segs, tokenize, lowercase,
+                                         "segment_level")
+    return result
+
+
+#: the scores in the report: (key, name, what a segment is)
+LEVELS = (("sentence_level", "sentence-level BLEU", "sentences"),
+          ("document_level", "document-level BLEU", "documents"),
+          ("segment_level", "segment-level BLEU", "segments"))
 
 
 def format_report(result: Dict) -> str:
@@ -322,11 +471,16 @@ def format_report(result: Dict) -> str:
         lines.append(f"BPE removed here (--remove-bpe {rb['scheme']}): "
                      f"{rb['hypotheses_changed']} of {result['sentences']} hypotheses, {refs}")
     lines += [f"warning: {w}" for w in result["warnings"]]
-    for key, label, unit in (("sentence_level", "sentence-level", "sentences"),
-                             ("document_level", "document-level", "documents")):
+    if "segment_level" in result:
+        lines.append(f"segments: {result['segment_map']} "
+                     f"({result['segment_level']['segments']} segments)")
+    for key, name, unit in LEVELS:
+        if key not in result:
+            continue
         r = result[key]
-        lines += [f"{label} BLEU ({r['segments']} {unit}): {r['bleu']:.2f} "
+        lines += [f"{name} ({r['segments']} {unit}): {r['bleu']:.2f} "
                   f"[{result['metric']['label']}]",
+                  f"  computes: {r['computes']}",
                   f"  {r['sacrebleu']}", f"  signature: {r['signature']}"]
     return "\n".join(lines)
 
@@ -347,7 +501,10 @@ def plot(result: Dict, png: str) -> None:
     doc_b, sent_b = result["document_level"]["bleu"], result["sentence_level"]["bleu"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
     ax1.bar(range(len(per)), scores, width=0.8 if len(per) <= 60 else 1.0, color="tab:blue")
-    for value, label, style in ((doc_b, "document-level", "-"), (sent_b, "sentence-level", "--")):
+    lines = [(doc_b, "document-level", "-"), (sent_b, "sentence-level", "--")]
+    if "segment_level" in result:
+        lines.append((result["segment_level"]["bleu"], "segment-level", ":"))
+    for value, label, style in lines:
         ax1.axhline(value, color="tab:red", ls=style, lw=1, label=f"{label} BLEU {value:.2f}")
         ax2.axvline(value, color="tab:red", ls=style, lw=1)
     if len(per) <= 30:
@@ -382,8 +539,9 @@ def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Document-level BLEU (sentences of each document concatenated, one "
-                    "segment per document) beside sentence-level BLEU, both with sacreBLEU's "
-                    "signature, of a fairseq-generate output and the split's docids file.")
+                    "segment per document) beside sentence-level BLEU and, given a segment "
+                    "map, segment-level BLEU, each with sacreBLEU's signature, of a "
+                    "fairseq-generate output and the split's docids file.")
     p.add_argument("generate_output", help="what fairseq-generate printed (S-/T-/H-/D- lines)")
     p.add_argument("--docids", required=True, metavar="FILE",
                    help="document id of each sentence of the generated split ({split}.docids)")
@@ -404,6 +562,14 @@ def get_parser() -> argparse.ArgumentParser:
                    help="sacreBLEU tokenizer (default 13a: sacreBLEU on detokenized text; "
                         "none: tokenized BLEU of text tokenized beforehand): "
                         + ", ".join(BLEU.TOKENIZERS))
+    p.add_argument("--lowercase", "-lc", action="store_true",
+                   help="lower-case hypotheses and references before scoring (sacreBLEU's "
+                        "case:lc); with --tokenize none over tokenized text: lower-cased "
+                        "tokenized BLEU, Sun et al. 2022's s-BLEU and d-BLEU (multi-bleu.perl -lc)")
+    p.add_argument("--segments", default=None, metavar="FILE",
+                   help="segment map: one line per segment, its sentence ids (consecutive, one "
+                        "document); adds the segment-level BLEU (G-Transformer's d-BLEU: "
+                        "segments' sentences joined)")
     p.add_argument("--out-dir", default=".", help="where to write the table/JSON/PNG")
     p.add_argument("--prefix", default="doc_bleu", help="output file name prefix")
     return p
@@ -417,7 +583,7 @@ def cli_main(argv: Optional[Sequence[str]] = None) -> None:
     args = p.parse_args(argv)
     try:
         result = doc_bleu(args.generate_output, args.docids, args.refs, args.hypotheses,
-                          args.remove_bpe, args.tokenize)
+                          args.remove_bpe, args.tokenize, args.lowercase, args.segments)
     except (OSError, ValueError) as err:
         p.error(str(err))
     paths = write_outputs(result, args.out_dir, args.prefix)
