@@ -232,9 +232,13 @@ class Setup:
             data, "--arch", "transformer", *TINY_MODEL_ARGS])
         torch.manual_seed(1)
         self.transformer = ARCH_MODEL_REGISTRY["transformer"].build_model(targs, self.task)
+        #: segments (--doc2doc): transformer_gtrans decodes with the sentence-count frame,
+        #: which sets the lengths itself (no --min-len): compared per decoding step
+        self.doc2doc = "--doc2doc" in argv
+        forced = [] if self.doc2doc else ["--min-len", str(GEN_LEN)]
         gargs, _ = options.parse_args_and_arch(options.get_generation_parser(), [
             *common, "--beam", str(BEAM), "--max-len-a", "0", "--max-len-b", str(GEN_LEN),
-            "--min-len", str(GEN_LEN), "--gen-subset", "test"], parse_known=True)
+            *forced, "--gen-subset", "test"], parse_known=True)
         self.gen_cfg = convert_namespace_to_omegaconf(gargs)
         self.concat = bool(getattr(self.task.cfg, "concat_context", False))
         #: a frozen memory's cache: counted warm (see the module docstring)
@@ -302,7 +306,9 @@ def _record(record_property, kind, arch, reads, base, extra=""):
 def test_training_step_reads_no_more_than_transformer(arch, toy_bin, record_property):
     s = Setup(toy_bin, arch)
     sample = s.train_batch()
-    if task_options(arch) and not s.concat:  # the context reaches the model
+    if "--doc2doc" in task_options(arch):  # segments: plain inputs, sentences joined
+        assert s.task.context_spec.doc2doc_separator_index in sample["net_input"]["src_tokens"]
+    elif task_options(arch) and not s.concat:  # the context reaches the model
         assert set(sample["net_input"]) - set(PLAIN_INPUTS), sorted(sample["net_input"])
     reads = train_reads(s.task, s.model, s.criterion, sample)
     base = train_reads(s.task, s.transformer, s.criterion, plain(sample))
@@ -330,15 +336,15 @@ def test_beam_search_reads_no_more_than_transformer(arch, toy_bin, record_proper
     assert len(hypos) == len(BEAM_SENTENCES) and all(len(h) == BEAM for h in hypos)
     base, base_steps, _ = beam_reads(s.task, s.transformer, s.gen_cfg, plain(sample),
                                      plain_fairseq=True)
-    assert base_steps == GEN_LEN + 1
+    assert base_steps == GEN_LEN + 1 or s.doc2doc
     allowed = selected_pair_reads(s.model.encoder)  # the encoder runs once per search
     if allowed:  # the selected sentences' list: its read and no other
         assert reads["tolist"] <= allowed + base["tolist"], reads
     n, b = sum(reads.values()), sum(base.values())
     _record(record_property, "beam", arch, reads, base, f" in {steps} decoding steps "
             f"(transformer: {base_steps})")
-    if s.concat:  # the forced target context adds decoding steps: per step
-        assert "target_prefix" in sample and steps > base_steps
+    if s.concat or s.doc2doc:  # a forced prefix or the frame sets the steps: per step
+        assert s.doc2doc or ("target_prefix" in sample and steps > base_steps)
         assert n / steps <= b / base_steps, (
             f"{arch}: beam search over {len(BEAM_SENTENCES)} sentences reads "
             f"{describe(reads)} from the host in {steps} decoding steps "
