@@ -189,6 +189,28 @@ def test_options_are_checked(toy_bin):
             _task(toy_bin, *argv)
 
 
+def test_the_contract_options_and_their_defaults():
+    from ctx_fairseq.tasks.document_config import DocumentTranslationConfig
+
+    cfg = DocumentTranslationConfig()
+    assert (cfg.doc2doc, cfg.doc2doc_max_tokens, cfg.doc2doc_separator, cfg.doc2doc_frame,
+            cfg.doc2doc_min_sentence_len, cfg.doc2doc_max_len_a, cfg.doc2doc_max_len_b,
+            cfg.lr_scale_pretrained) == ("none", 512, "<sep>", False, 1, 1.5, 10, 1.0)
+
+
+def test_a_context_architecture_is_refused(toy_bin):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        toy_bin, "--arch", "transformer_context_aware", *D2D, *TINY_MODEL_ARGS])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    assert task.context_spec.doc2doc == "greedy" and not task.context_spec.uses_context
+    with pytest.raises(InputError, match="reads context inputs of its own"):
+        task.build_model(cfg.model)
+
+
 def test_doc2doc_options_join_the_checked_context_options():
     from ctx_fairseq.tasks.context_options import context_option_args, context_option_diff
     from ctx_fairseq.tasks.document_config import CONTEXT_OPTIONS

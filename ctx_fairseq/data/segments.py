@@ -126,46 +126,56 @@ def plan_segments(src_sizes, tgt_sizes, doc_ids: Sequence[str], mode: str,
     cum_src = np.concatenate([[0], np.cumsum(src)])
     cum_tgt = np.concatenate([[0], np.cumsum(tgt)])
     bounds = document_starts(doc_ids) if len(src) else np.zeros(1, dtype=np.int64)
-    starts: List[int] = []
-    counts: List[int] = []
-    res: List[int] = []
-    docs: List[int] = []
+    parts: List[tuple] = []  # (starts, counts, resolution, doc) arrays, in order
     over_long: List[int] = []
     split_chunks: Dict[int, int] = {}
     for d in range(len(bounds) - 1):
         lo, hi = int(bounds[d]), int(bounds[d + 1])
         if mode == "greedy":
-            chunks = [(0, lo, hi)]
-        else:
-            chunks = list(_multires_chunks(lo, hi))
-        for k, a, b in chunks:
-            runs = _greedy_runs(cum_src, cum_tgt, a, b, max_tokens,
-                                over_long if k == 0 else [])
-            if mode == "multires" and len(runs) > 1:
-                split_chunks[k] = split_chunks.get(k, 0) + 1
-            ends = runs[1:] + [b]
-            starts += runs
-            counts += [e - s for s, e in zip(runs, ends)]
-            res += [k] * len(runs)
-            docs += [d] * len(runs)
-    plan = SegmentPlan(np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64),
-                       np.asarray(res, dtype=np.int64), np.asarray(docs, dtype=np.int64),
-                       mode, max_tokens)
+            runs = _greedy_runs(cum_src, cum_tgt, lo, hi, max_tokens, over_long)
+            parts.append(_part(runs, hi, 0, d))
+            continue
+        for k, a, b in _multires_chunks(lo, hi):
+            fits = np.maximum(cum_src[b] - cum_src[a], cum_tgt[b] - cum_tgt[a]) <= max_tokens
+            if fits.all():  # the common case, without a loop over the chunks
+                n = len(a)
+                parts.append((a, b - a, np.full(n, k, np.int64), np.full(n, d, np.int64)))
+                continue
+            for j in range(len(a)):
+                if fits[j]:
+                    runs = [int(a[j])]
+                else:  # over the limit: split greedily (a lone over-long sentence stays whole)
+                    runs = _greedy_runs(cum_src, cum_tgt, int(a[j]), int(b[j]), max_tokens,
+                                        over_long if k == 0 else [])
+                    split_chunks[k] = split_chunks.get(k, 0) + int(len(runs) > 1)
+                parts.append(_part(runs, int(b[j]), k, d))
+    cat = (lambda i: np.concatenate([p[i] for p in parts]).astype(np.int64) if parts
+           else np.zeros(0, dtype=np.int64))
+    starts, counts, res, docs = cat(0), cat(1), cat(2), cat(3)
+    plan = SegmentPlan(starts, counts, res, docs, mode, max_tokens)
     plan.summary = _summary(plan, cum_src, cum_tgt, len(bounds) - 1, len(src), over_long,
                             split_chunks)
     return plan
 
 
+def _part(runs: List[int], end: int, k: int, d: int) -> tuple:
+    """The arrays of the segments starting at ``runs`` (the last ending at
+    ``end``), of resolution ``k`` and document ``d``."""
+    starts = np.asarray(runs, dtype=np.int64)
+    counts = np.diff(np.append(starts, end))
+    return starts, counts, np.full(len(runs), k, np.int64), np.full(len(runs), d, np.int64)
+
+
 def _multires_chunks(lo: int, hi: int):
-    """``(k, first, end)`` of every chunk of every resolution of the
-    document of sentences ``lo .. hi - 1`` (module docstring)."""
+    """``(k, firsts, ends)`` of each resolution ``k`` of the document of
+    sentences ``lo .. hi - 1``: its chunks' first sentences and ends
+    (module docstring)."""
     n = hi - lo
     k = 0
     while True:
         c = min(2 ** k, n)
         edges = lo + (np.arange(c + 1, dtype=np.int64) * n) // c
-        for a, b in zip(edges[:-1], edges[1:]):
-            yield k, int(a), int(b)
+        yield k, edges[:-1], edges[1:]
         if c >= n:
             return
         k += 1

@@ -326,6 +326,10 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
                                      seed=getattr(self.cfg, "seed", 1))
         contract = model_contract(model)
         arch = getattr(cfg, "arch", type(model).__name__)
+        if self.context_spec.doc2doc != "none" and contract.inputs:
+            raise InputError(f"--doc2doc translates segments with a sentence-level architecture "
+                             f"(or transformer_gtrans); {arch} reads context inputs of its own "
+                             f"({', '.join(sorted(contract.inputs))})")
         if self.context_spec.concat_context:
             if hasattr(model, "finish_setup") or contract.inputs:
                 raise InputError("--concat-context is for sentence-level architectures; "
