@@ -327,3 +327,78 @@ def test_the_options_are_declared():
     args = _args("transformer_gtrans_tiny")
     assert args.gtrans_global_layers == 2 and args.word_dropout == 0.0
     assert isinstance(args, argparse.Namespace) and args.encoder_layers == 2
+
+
+# ------------------------------------------------------------------ through the doc2doc task
+
+
+def _doc2doc_task(*argv, d=None):
+    """``(task, cfg)``: ``--task document_translation`` over dictionary ``d``
+    (without ``<sep>``: the task adds it), as fairseq-train builds it."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "/dev/null", "--task", "document_translation", "--arch", "transformer_gtrans_tiny",
+        "--source-context-size", "0", "--dropout", "0", "--share-all-embeddings", *argv,
+        *TINY_MODEL_ARGS])
+    cfg = convert_namespace_to_omegaconf(args)
+    d = d or _dict(sep=False)
+    return DocumentTranslationTask(cfg.task, d, d), cfg
+
+
+def test_the_doc2doc_task_gives_the_separator_and_doc2doc_none_is_refused():
+    task, cfg = _doc2doc_task("--doc2doc", "greedy")
+    model = task.build_model(cfg.model)
+    sep = task.source_dictionary.index(SEP)
+    assert sep != task.source_dictionary.unk()
+    assert model.encoder.separator == model.decoder.separator == sep
+    assert task.context_spec.doc2doc_separator_index == sep
+    task, cfg = _doc2doc_task()
+    with pytest.raises(InputError, match="expected --task document_translation --doc2doc"):
+        task.build_model(cfg.model)
+
+
+def test_a_sentence_transformer_of_the_smaller_dictionary_fine_tunes_into_it():
+    """The stage-1 transformer's state (its dictionary without <sep>), loaded as
+    --finetune-from-model loads it: the task's pre-hook appends the separator's
+    rows, the global attentions and gates keep their initialisation, every
+    other tensor is the transformer's."""
+    d0 = _dict(sep=False)
+    tf, _ = _build(arch="transformer", d=d0, extra=["--share-all-embeddings"], double=False)
+    task, cfg = _doc2doc_task("--doc2doc", "greedy", d=_dict(sep=False))
+    model = task.build_model(cfg.model)
+    new = model.new_parameter_names()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.load_state_dict(tf.state_dict(), strict=True, model_cfg=cfg.model)
+    theirs = tf.state_dict()
+    rows = len(d0)
+    for name, value in model.state_dict().items():
+        if name in new:
+            assert torch.equal(value, before[name]), name
+        elif value.dim() == 2 and value.size(0) == rows + 1:  # the embeddings
+            assert torch.equal(value[:rows], theirs[name]), name
+        else:
+            assert torch.equal(value, theirs[name]), name
+
+
+def test_beam_search_scores_are_those_of_the_full_forward():
+    """fairseq's SequenceGenerator (beam 3, incremental, with its reorders):
+    each hypothesis's positional scores equal the full forward's on it."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, d = _build()
+    src = _segments(d, [[3, 4, 2], [5, 2]], seed=13)
+    gen = SequenceGenerator([model], d, beam_size=3, max_len_a=0, max_len_b=14)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
+    with torch.no_grad():
+        hypos = gen.forward(sample)
+        for i, beams in enumerate(hypos):
+            for h in beams:
+                tgt = h["tokens"].unsqueeze(0)
+                prev = torch.cat([tgt.new_full((1, 1), d.eos()), tgt[:, :-1]], 1)
+                out = model(src[i:i + 1], sample["net_input"]["src_lengths"][i:i + 1], prev)
+                lprobs = model.get_normalized_probs(out, log_probs=True)
+                scores = lprobs.gather(-1, tgt.unsqueeze(-1)).view(-1)
+                assert torch.allclose(scores, h["positional_scores"], atol=1e-8)
