@@ -447,6 +447,9 @@ def test_the_splitter_maps_segments_to_sentence_ids(toy_bin, tmp_path):
     got = read_generate_output(out)
     assert got.ids == list(range(len(ids)))
     assert got.hypotheses == got.references
+    with open(out + ".segments") as f:  # the segment map of ctx-doc-bleu --segments
+        assert [list(map(int, line.split())) for line in f] == \
+            [plan.sentence_ids(i).tolist() for i in range(len(plan))]
     assert got.sources[0] and "<sep>" not in " ".join(got.sources + got.hypotheses)
 
 

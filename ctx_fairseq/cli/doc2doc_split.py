@@ -25,7 +25,10 @@ sentence-level figure is the same, each "sentence" a document).
 
 The per-sentence output is fairseq-generate's format (``S-``/``T-``/``H-``/
 ``D-`` lines; ids are the corpus sentence ids); a sentence's score is its
-segment's. ``--report FILE`` writes the figures and the mismatches as JSON.
+segment's. Beside it, ``OUTPUT.segments`` maps each segment to its
+sentence ids (one line per segment), for ``ctx-doc-bleu --segments`` (the
+per-segment d-BLEU). ``--report FILE`` writes the figures and the
+mismatches as JSON.
 """
 
 import argparse
@@ -229,8 +232,13 @@ def run(args) -> Tuple[Dict, int]:
     elif mism:
         status = 1
     else:
+        from ctx_fairseq.eval.scoring.doc_bleu import write_segments
+
         _write_generate(args.output, sorted(res["sentences"].items()), res["has_refs"],
                         res["has_detok"])
+        # the segment map for ctx-doc-bleu --segments (per-segment d-BLEU)
+        write_segments(args.output + ".segments", (plan.sentence_ids(i) for i in range(len(plan))))
+        report["segments_file"] = args.output + ".segments"
         status = 0
     if args.report:
         with open(args.report, "w", encoding="utf-8") as f:
