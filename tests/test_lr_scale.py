@@ -7,8 +7,9 @@ checkpoint with ``--finetune-from-model``, one thread, CPU).
 The new parameters are declared by patching ``new_parameter_names`` onto
 fairseq's transformer (as transformer_gtrans declares its global layers).
 The scale is given by patching ``lr_scale_of`` (the plain translation task
-has no ``--lr-scale-pretrained``); the document task's option is read by
-:func:`test_the_document_task_option`."""
+has no ``--lr-scale-pretrained``); the document task's option itself is
+given on G-Transformer's second stage (doc2doc segments, transformer_gtrans
+fine-tuned from the sentence transformer)."""
 
 import os
 
@@ -43,15 +44,15 @@ def _argv(data, save, updates, extra=()):
             "--disable-validation", *extra]
 
 
-def _train(monkeypatch, argv, scale, device="cpu"):
-    """Run fairseq-train with the scale ``scale``; returns its Trainer."""
-    from fairseq import distributed_utils, options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+def _train(monkeypatch, argv, scale=None, device="cpu"):
+    """Run fairseq-train ``argv`` (with the scale ``scale`` if given, else the
+    task's option); returns its Trainer."""
+    from fairseq import distributed_utils
     from fairseq.trainer import Trainer
     from fairseq_cli import train as fs_train
 
-    cfg = convert_namespace_to_omegaconf(cli_args(options.get_training_parser(), argv, device))
-    monkeypatch.setattr(lr_scale, "lr_scale_of", lambda cfg: scale)
+    if scale is not None:
+        monkeypatch.setattr(lr_scale, "lr_scale_of", lambda cfg: scale)
     made = []
 
     class Recorded(Trainer):
@@ -60,8 +61,15 @@ def _train(monkeypatch, argv, scale, device="cpu"):
             made.append(self)
 
     monkeypatch.setattr(fs_train, "Trainer", Recorded)
-    distributed_utils.call_main(cfg, fs_train.main)
+    distributed_utils.call_main(_cfg(argv, device), fs_train.main)
     return made[-1]
+
+
+def _cfg(argv, device="cpu"):
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    return convert_namespace_to_omegaconf(cli_args(options.get_training_parser(), argv, device))
 
 
 def _expected_groups(trainer):
@@ -185,3 +193,74 @@ def test_unknown_new_name_is_a_bug(toy_bin, sentence_ckpt, tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="no_such"):
         _train(monkeypatch, _argv(toy_bin, str(tmp_path), 1,
                                   ["--finetune-from-model", sentence_ckpt]), 0.2)
+
+
+DOC2DOC = ["--task", "document_translation", "--doc2doc", "greedy", "--doc2doc-max-tokens", "64",
+           "--source-context-size", "0"]
+
+
+def test_document_task_option_with_transformer_gtrans(toy_bin, sentence_ckpt, tmp_path,
+                                                      monkeypatch):
+    """The real option (the document task's --lr-scale-pretrained) on G-Transformer's
+    second stage: doc2doc segments, transformer_gtrans fine-tuned from the sentence
+    transformer; its global attentions and gates (new_parameter_names) at the rate,
+    everything loaded from the sentence checkpoint at 0.2x."""
+    argv = _argv(toy_bin, str(tmp_path), 2, [
+        *DOC2DOC, "--finetune-from-model", sentence_ckpt, "--lr-scale-pretrained", "0.2",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4", "--warmup-init-lr", "1e-4"])
+    argv[argv.index("transformer")] = "transformer_gtrans"
+    assert lr_scale.lr_scale_of(_cfg(argv)) == 0.2
+    trainer = _train(monkeypatch, argv)
+    model = trainer.model
+    new = model.new_parameter_names()
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = trainer.optimizer.param_groups
+    assert new and {names[id(p)] for p in groups[1]["params"]} == new
+    assert not new & {names[id(p)] for p in groups[0]["params"]}
+    _check_rates_of(trainer, 1e-4 + 2 * (LR - 1e-4) / 4, 0.2, len(new))
+
+
+def test_document_task_option_refused_without_checkpoint(toy_bin, tmp_path, monkeypatch):
+    argv = _argv(toy_bin, str(tmp_path), 1, [*DOC2DOC, "--lr-scale-pretrained", "0.2"])
+    with pytest.raises(InputError, match="no sentence checkpoint"):
+        _train(monkeypatch, argv)
+
+
+
+def _check_rates_of(trainer, schedule_lr, scale, new):
+    groups = trainer.optimizer.param_groups
+    assert len(groups) == 2 and len(groups[1]["params"]) == new
+    assert trainer.get_lr() == pytest.approx(schedule_lr, rel=1e-12)
+    assert [g["lr_scale"] for g in groups] == [scale, 1.0]
+    assert groups[0]["lr"] == pytest.approx(scale * schedule_lr, rel=1e-12)
+    assert groups[1]["lr"] == pytest.approx(schedule_lr, rel=1e-12)
+
+
+def test_sentence_checkpoint_options(toy_bin, tmp_path):
+    """Either option makes a run one from a sentence checkpoint; neither, none."""
+    base = _argv(toy_bin, str(tmp_path), 1, ["--task", "document_translation"])
+    base[base.index("transformer")] = "transformer_context_aware"
+    assert lr_scale.sentence_checkpoint_of(_cfg(base)) is None
+    assert lr_scale.lr_scale_of(_cfg(base)) == 1.0
+    for option in ("--init-from-sentence-checkpoint", "--finetune-from-model"):
+        assert lr_scale.sentence_checkpoint_of(_cfg([*base, option, "ckpt.pt"])) == "ckpt.pt"
+
+
+def test_set_lr_and_get_lr():
+    """A scaled group's rate is the schedule's times its scale; get_lr gives
+    the schedule's rate exactly; a group without lr_scale is set as fairseq sets it."""
+    from fairseq.optim.sgd import SGD
+    from omegaconf import OmegaConf
+
+    params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
+    opt = SGD(OmegaConf.create({"lr": [0.1], "momentum": 0.0, "weight_decay": 0.0}), params)
+    opt.set_lr(0.3)
+    assert [g["lr"] for g in opt.param_groups] == [0.3] and opt.get_lr() == 0.3
+    torch_opt = opt.optimizer
+    torch_opt.param_groups = []
+    torch_opt.add_param_group({"params": params[:2], "lr": 0.1, "lr_scale": 0.2})
+    torch_opt.add_param_group({"params": params[2:], "lr": 0.1, "lr_scale": 1.0})
+    for lr in (0.3, 7e-4, 1e-9):
+        opt.set_lr(lr)
+        assert opt.get_lr() == lr
+        assert [g["lr"] for g in opt.param_groups] == [lr * 0.2, lr]
