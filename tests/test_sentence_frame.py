@@ -348,43 +348,47 @@ def test_task_errors():
 
 @pytest.mark.slow
 def test_decoding_speed_with_and_without_frame(record_property):
-    """Decoding speed, tiny transformer on the CPU, beam 5, 16 segments of 4
-    sentences: the frame's cost per step (figures in the record)."""
+    """Decoding speed, tiny transformer on the CPU (vocabulary 201, beam 5,
+    16 segments of 4 sentences, the same maximum length): the best of 5
+    interleaved runs with and without the frame, and the share of the
+    frame's own work (``constrain``, timed inside the framed run; the
+    figure that the load of a shared machine disturbs least)."""
     d = _dictionary(200)
     model = _tiny_transformer(d)
-    sample = _segments(d, [[8, 12, 6, 10]] * 16, seed=9)
+    shape = [8, 12, 6, 10]
+    sample = _segments(d, [shape] * 16, seed=9)
     opts = FrameOptions(max_len_a=1.5, max_len_b=10)
-    n = sum(int(x) for x in [8, 12, 6, 10])
-    b = int(1.5 * 8 + 10) + int(1.5 * 12 + 10) + int(1.5 * 6 + 10) + int(1.5 * 10 + 10) + 3
-    figures = {}
-    for name in ("plain", "frame"):
-        gen = SequenceGenerator([model], d, beam_size=5, max_len_a=0, max_len_b=b)
-        steps = []
-        inner = gen.model.forward_decoder
-
-        def counted(tokens, *a, **k):
-            steps.append(1)
-            return inner(tokens, *a, **k)
-
-        gen.model.forward_decoder = counted
-        best = math.inf
-        for _ in range(3):
-            steps.clear()
+    b = sum(int(1.5 * x + 10) for x in shape) + len(shape) - 1
+    best, share = {"plain": math.inf, "frame": math.inf}, math.inf
+    for _ in range(5):
+        for name in best:
+            gen = SequenceGenerator([model], d, beam_size=5, max_len_a=0, max_len_b=b)
             t0 = time.perf_counter()
             if name == "frame":
-                with SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts):
-                    hyps = gen.generate([model], sample)
+                frame, inside = SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts), []
+                real = frame.constrain
+
+                def timed(*a):
+                    t1 = time.perf_counter()
+                    out = real(*a)
+                    inside.append(time.perf_counter() - t1)
+                    return out
+
+                frame.constrain = timed
+                with frame:
+                    gen.generate([model], sample)
             else:
-                hyps = gen.generate([model], sample)
-            best = min(best, time.perf_counter() - t0)
-        tokens = sum(len(h[0]["tokens"]) for h in hyps)
-        figures[name] = (best, len(steps), tokens)
-        record_property(f"{name}_seconds", round(best, 3))
-        record_property(f"{name}_ms_per_step", round(1000 * best / len(steps), 2))
-        print(f"{name}: {best:.3f} s, {len(steps)} steps, {1000 * best / len(steps):.2f} ms/step,"
-              f" {tokens / best:.0f} tokens/s (source {n} tokens per segment)")
-    per_step = {k: v[0] / v[1] for k, v in figures.items()}
-    assert per_step["frame"] <= 1.5 * per_step["plain"]
+                gen.generate([model], sample)
+            took = time.perf_counter() - t0
+            best[name] = min(best[name], took)
+            if name == "frame":
+                share = min(share, sum(inside) / took)
+    for name, t in best.items():
+        record_property(f"{name}_seconds", round(t, 3))
+        print(f"{name}: {t:.3f} s")
+    record_property("frame_share", round(share, 3))
+    print(f"the frame's own work: {100 * share:.1f}% of the framed run")
+    assert share <= 0.25
 
 
 def test_fairseq_generate_with_the_frame(toy_bin, tmp_path):
