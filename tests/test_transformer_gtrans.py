@@ -402,3 +402,29 @@ def test_beam_search_scores_are_those_of_the_full_forward():
                 lprobs = model.get_normalized_probs(out, log_probs=True)
                 scores = lprobs.gather(-1, tgt.unsqueeze(-1)).view(-1)
                 assert torch.allclose(scores, h["positional_scores"], atol=1e-8)
+
+
+def test_fine_tuned_from_the_sentence_transformer_trains_and_generates_with_the_frame(
+        toy_bin, sentence_ckpt, tmp_path):
+    """fairseq-train from the stage-1 transformer (--finetune-from-model: its
+    dictionary has no <sep>) on greedy segments, then fairseq-generate: one
+    hypothesis per segment, each with the source's number of sentences."""
+    import os
+
+    from fairseq_cli_utils import generate, train
+
+    task = ["--task", "document_translation", "--doc2doc", "greedy", "--source-context-size",
+            "0", "--doc2doc-max-tokens", "64"]
+    save = str(tmp_path / "ckpt")
+    train([toy_bin, "--arch", "transformer_gtrans", *TINY_MODEL_ARGS, "--share-all-embeddings",
+           *task, "--finetune-from-model", sentence_ckpt, "--word-dropout", "0.1",
+           "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "2",
+           "--save-dir", save, "--no-progress-bar", "--no-epoch-checkpoints", "--seed", "1",
+           "--num-workers", "0", "--disable-validation"])
+    out = generate([toy_bin, "--path", os.path.join(save, "checkpoint_last.pt"), *task,
+                    "--doc2doc-frame", "--gen-subset", "test", "--beam", "2",
+                    "--max-tokens", "500", "--num-workers", "0"])
+    srcs = [line.split("\t")[1] for line in out.splitlines() if line.startswith("S-")]
+    hyps = [line.split("\t")[2] for line in out.splitlines() if line.startswith("H-")]
+    assert 0 < len(hyps) == len(srcs) and any(SEP in s for s in srcs)
+    assert [h.count(SEP) for h in hyps] == [s.count(SEP) for s in srcs]
