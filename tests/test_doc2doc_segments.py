@@ -372,6 +372,13 @@ def test_the_extended_rows_are_drawn_as_embeddings(sentence_ckpt, toy_bin):
     assert torch.equal(w[:len(old)], old)
     assert w[len(old):].abs().max() < 6 * w.size(1) ** -0.5 and w[len(old):].abs().sum() > 0
     assert torch.equal(model.decoder.output_projection.weight, model.encoder.embed_tokens.weight)
+    # the project's two-stage loader extends them too (--init-from-sentence-checkpoint)
+    from ctx_fairseq.models._fairseq_utils import load_sentence_checkpoint
+
+    fresh = task.build_model(convert_namespace_to_omegaconf(args).model)
+    got = load_sentence_checkpoint(fresh, sentence_ckpt)
+    assert "encoder.embed_tokens.weight" in got["loaded"] and not got["fresh"]
+    assert torch.equal(fresh.encoder.embed_tokens.weight[:len(old)], old)
     # a checkpoint with another number of rows fails as before
     bad = dict(theirs, **{k: v[:-2] for k, v in theirs.items() if "embed_tokens" in k
                           or "output_projection" in k})

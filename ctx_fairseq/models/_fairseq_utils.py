@@ -359,7 +359,10 @@ class VocabularyExtension:
         if all(rows_before[s] == rows_now[s] for s in rows_now):
             return None
         ext = cls(seed)
-        for name, module in model.named_modules():
+        hooked = set()
+        # every name of a shared module (--share-all-embeddings: one module, two names),
+        # so that extend() finds each key of a plain state dict; one hook per module
+        for name, module in model.named_modules(remove_duplicate=False):
             weight = getattr(module, "weight", None)
             if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 2:
                 continue
@@ -371,7 +374,9 @@ class VocabularyExtension:
                 continue
             prefix = name + "." if name else ""
             ext.keys[prefix + "weight"] = (weight, rows_before[side])
-            module._register_load_state_dict_pre_hook(ext._hook(prefix))
+            if id(module) not in hooked:
+                hooked.add(id(module))
+                module._register_load_state_dict_pre_hook(ext._hook(prefix))
         model._vocabulary_extension = ext
         return ext
 
