@@ -167,7 +167,7 @@ class DocumentDatasetsMixin:
         base = self.datasets[split]
         path = os.path.join(self._data_path(split, epoch), f"{split}.docids")
         doc_ids = read_docids(path, expected=len(base))
-        if self.cfg.doc2doc != "none":
+        if self.context_spec.doc2doc != "none":
             self._load_segments(split, epoch, base, doc_ids, path, generating)
             return
         tgt_context = None
