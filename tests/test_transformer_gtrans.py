@@ -428,3 +428,13 @@ def test_fine_tuned_from_the_sentence_transformer_trains_and_generates_with_the_
     hyps = [line.split("\t")[2] for line in out.splitlines() if line.startswith("H-")]
     assert 0 < len(hyps) == len(srcs) and any(SEP in s for s in srcs)
     assert [h.count(SEP) for h in hyps] == [s.count(SEP) for s in srcs]
+
+
+def test_lr_scale_pretrained_sees_the_global_attentions_and_gates_as_new():
+    from ctx_fairseq.optim.lr_scale import pretrained_mask
+
+    model, _ = _build()
+    params = list(model.parameters())
+    new = {id(p) for n, p in model.named_parameters() if n in model.new_parameter_names()}
+    assert new and [not m for m in pretrained_mask(model, params)] == [id(p) in new
+                                                                      for p in params]

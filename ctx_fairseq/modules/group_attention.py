@@ -2,7 +2,7 @@ r"""Group attention and the gated local/global combination of G-Transformer
 (Bao, Zhang, Teng, Chen & Luo, ACL 2021, "G-Transformer for Document-level
 Machine Translation").
 
-Group tags (the paper's Sec. 4, "group tag"): every token of a segment
+Group tags (the paper's "group tags"): every token of a segment
 ``x_1 <sep> x_2 <sep> ... x_n </s>`` carries the index of its sentence.
 
 * source token ``t`` (:func:`source_group_tags`):
@@ -15,7 +15,7 @@ Group tags (the paper's Sec. 4, "group tag"): every token of a segment
   below excludes padded keys by itself and padded query rows see padded keys
   only (a finite row whose output nothing reads).
 
-Group attention (the paper's Eq. for ``GroupAttn``): ordinary scaled
+Group attention (the paper's ``GroupAttn``): ordinary scaled
 dot-product attention whose keys are restricted to the query's group,
 
 .. math::
