@@ -341,6 +341,15 @@ def test_task_errors():
     no_sep.indices = {s: i for i, s in enumerate(no_sep.symbols)}
     with pytest.raises(InputError, match="separator '<sep>' is not in the source dictionary"):
         _task(_cfg(doc2doc_frame=True), no_sep).build_generator([model], Namespace())
+    # a segment whose sentences cannot fit the model's positions, named with its document
+    task.datasets = {"test": SimpleNamespace(
+        plan=SimpleNamespace(doc=[0, 1]), doc_names=["talk1", "talk2"], docids_path="t.docids",
+        sentence_ids=lambda i: [7, 8, 9, 10, 11, 12, 13, 14])}
+    gen = SequenceGenerator([model], d, max_len=14)
+    with pytest.raises(InputError, match=r"segment 1 \(test: document 'talk2' of t.docids, "
+                                         r"sentences 7-14, batch row 1\): its 8 sentences"):
+        task.inference_step(gen, [model], dict(_segments(d, [[1], [1] * 8]),
+                                               id=torch.tensor([0, 1])))
     gen = SequenceGenerator([model], d, min_len=3)  # (built past the task's checks)
     with pytest.raises(InputError, match="--min-len 3 cannot"):
         task.inference_step(gen, [model], _segments(d, [[2]]))

@@ -138,8 +138,21 @@ class DocumentGenerationMixin:
         tgt_sep = self.target_dictionary.index(opts.separator)
         with SentenceFrame(generator, sample, src_sep, tgt_sep, opts,
                            src_pad=self.source_dictionary.pad(),
-                           src_eos=self.source_dictionary.eos()):
+                           src_eos=self.source_dictionary.eos(), describe=self._describe_segment):
             return self._inference_step(generator, models, sample, None, None)
+
+    def _describe_segment(self, i: int) -> str:
+        """Segment ``i`` of the generation split, for a message: its document
+        and sentences (a doc2doc segment dataset), else its split."""
+        split = getattr(self.cfg, "gen_subset", "test")
+        ds = getattr(self, "datasets", {}).get(split)
+        plan = getattr(ds, "plan", None)
+        try:
+            ids = ds.sentence_ids(i)
+            return (f"{split}: document {ds.doc_names[plan.doc[i]]!r} of {ds.docids_path}, "
+                    f"sentences {ids[0]}-{ids[-1]}")
+        except (AttributeError, IndexError, TypeError):
+            return split
 
     def _inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if not self.uses_context:

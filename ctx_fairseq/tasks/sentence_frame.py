@@ -58,7 +58,7 @@ import logging
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -159,8 +159,10 @@ class SentenceFrame:
     of segments (a context manager; see the module docstring)."""
 
     def __init__(self, generator, sample, src_sep: int, tgt_sep: int, opts: FrameOptions,
-                 src_pad: Optional[int] = None, src_eos: Optional[int] = None):
+                 src_pad: Optional[int] = None, src_eos: Optional[int] = None,
+                 describe: Optional[Callable[[int], str]] = None):
         self.gen = generator
+        self.describe = describe  # segment id -> its document etc., for the error
         self.model = getattr(generator, "model", None)
         if self.model is None or not hasattr(self.model, "forward_decoder"):
             raise InputError(f"the sentence-count frame needs fairseq's SequenceGenerator (beam "
@@ -204,8 +206,9 @@ class SentenceFrame:
         r = int(torch.argmax(fewest))
         ids = sample.get("id")
         sid = int(ids[r]) if ids is not None else r
+        where = f"{self.describe(sid)}, " if self.describe is not None else ""
         raise InputError(
-            f"segment {sid} (batch row {r}): its {int(n[r])} sentences need at least "
+            f"segment {sid} ({where}batch row {r}): its {int(n[r])} sentences need at least "
             f"{int(fewest[r])} target tokens with --doc2doc-min-sentence-len {self.m} (and the "
             f"separators), but the model's maximum target positions allow {limit}; lower "
             "--doc2doc-max-tokens so that segments have fewer sentences")
