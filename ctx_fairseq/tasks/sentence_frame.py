@@ -4,8 +4,9 @@ hypothesis is ``y_1 <sep> ... y_n </s>``, exactly ``n`` sentences, so that the
 output splits back into one line per source sentence.
 
 G-Transformer (Bao et al. 2021) keeps its output aligned sentence by sentence
-at generation; the paper does not spell the mechanism out beyond that. Here
-it is a constraint on the log-probabilities of every step (fairseq's
+at generation. The mechanism here, its per-sentence bounds and its budget
+rule are this repository's choices (not taken from the paper's code): a
+constraint on the log-probabilities of every step (fairseq's
 ``SequenceGenerator`` unchanged; :class:`SentenceFrame` wraps its
 ``EnsembleModel`` for one call, as :class:`~ctx_fairseq.tasks.generation.ForcedPrefixes`
 does). Notation, per hypothesis after ``t`` generated tokens: ``k`` the
@@ -32,8 +33,8 @@ ends before its ``L_i``; logged once); a row that cannot fit even ``n``
 sentences of ``m`` tokens (``n (m + 1) - 1 > T``) is an error naming the
 segment. Every state allows at least one token (a sentence at ``L_k`` has
 ``c >= m``, so its separator, or ``</s>`` in the last sentence, is allowed,
-and the budget rule keeps ``t + r (m + 1) <= T`` true after every allowed
-token), and fairseq's forced ``</s>`` at step ``T`` meets a hypothesis in its
+and the budget rule keeps ``t + max(m - c, 0) + r (m + 1) <= T`` true after
+every allowed token), and fairseq's forced ``</s>`` at step ``T`` meets a hypothesis in its
 last sentence with ``c >= m``: no hypothesis is left with only ``-inf``.
 
 Static shapes and no read back per step: ``n`` and ``L`` are computed once
