@@ -266,6 +266,10 @@ class GTransDecoder(TransformerDecoderBase):
 class TransformerGTransModel(TransformerModel):
     """G-Transformer (see the module docstring)."""
 
+    #: generation always uses the sentence-count frame (``--doc2doc-frame``,
+    #: ``ctx_fairseq.tasks.sentence_frame``): the output keeps the source's sentences
+    always_frame = True
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
