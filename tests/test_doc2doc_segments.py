@@ -494,3 +494,12 @@ def test_the_splitter_refuses_output_of_other_options(toy_bin, tmp_path, capsys)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "have no hypothesis" in err or "the output is not of this --data" in err
+
+
+def test_the_separator_is_found_whatever_the_white_space_around_it():
+    from ctx_fairseq.cli.doc2doc_split import split_at
+
+    # SentencePiece's --remove-bpe glues the separator to the words
+    assert split_at("a b<sep> c", "<sep>") == ["a b", "c"]
+    assert split_at("a <sep> <sep> b", "<sep>") == ["a", "", "b"]
+    assert split_at("", "<sep>") == [""]
