@@ -71,6 +71,16 @@ the sentence itself, which the model never shows it), the sentence-level
 translation the model gives a document's first sentence and a sentence whose
 context ``--context-dropout`` dropped (tested against ``query_doc = -1``).
 
+Segment models (``--doc2doc``, ``transformer_gtrans``): each sentence is
+scored as the last sentence of a segment of its previous sentences, the
+context's translations a forced prefix that is not scored, against the
+sentence alone (``none``: the one-sentence segment, the sentence-level
+sample); the true context holds as many previous sentences as fit in
+``--doc2doc-max-tokens`` (``--context-size N``: at most N; ``--curve`` needs
+it and runs ``0..N``); ``shuffled``: another document's previous sentences;
+``random``: random symbols in their place
+(:mod:`ctx_fairseq.eval.context_use.segment_context`).
+
 Refused with a clear error (never a number): a sentence-level checkpoint (no
 context to remove) and a split without ``{split}.docids``. The training
 split's dropout (``--context-dropout``, ``--coword-dropout``) is never applied
@@ -111,6 +121,8 @@ from ctx_fairseq.data.conditions import COMPARED, ContextCondition
 from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
 from ctx_fairseq.eval.context_use.cxmi_classes import class_breakdown
 from ctx_fairseq.eval.context_use.cxmi_outputs import format_result, write_outputs
+from ctx_fairseq.eval.context_use.segment_context import (describe, is_segment_model,
+                                                          segment_condition_dataset)
 from ctx_fairseq.tasks.context_options import task_setting
 from ctx_fairseq.eval.context_use.word_classes import (LANGUAGES, classes_for, load_word_classes,
                                            normalise)
@@ -145,7 +157,7 @@ def load(path: str, data: str, cuda: bool):
             f"{path} is a sentence-level checkpoint (task {name}, no source or target "
             "context): CXMI compares a model with and without its context, and this one has "
             "none to remove. Give a checkpoint trained with --task document_translation and "
-            "context (or --concat-context)")
+            "context (or --concat-context, or --doc2doc)")
     return model, task, cfg
 
 
@@ -195,6 +207,8 @@ def trained_context_size(task) -> Optional[int]:
     trained on), else None (the whole document, no bounded size); a
     whole-document context: None."""
     spec = _spec(task)
+    if is_segment_model(task):  # as many previous sentences as fit in the segment
+        return None
     if spec.document_memory:
         return spec.memory_window or None
     if spec.whole_document:
@@ -216,6 +230,10 @@ def condition_dataset(task, split: str, condition: str, context_size: Optional[i
         raise ValueError(f"unknown condition {condition!r}; expected one of {CONDITIONS}")
     from ctx_fairseq.data.docids import DocumentIdError
 
+    if is_segment_model(task):
+        size = None if condition == "none" else context_size
+        kind = "previous" if condition == "true" and size is not None else condition
+        return segment_condition_dataset(task, split, ContextCondition(kind, size))
     if context_size is not None and not _memory(task) and _spec(task).whole_document:
         raise CXMIError("--context-size: a whole-document context has no bounded context "
                         "size to set (score it without --context-size: true against none)")
@@ -458,7 +476,7 @@ def _check_request(task, conditions: Sequence[str], context_size: Optional[int],
         if isinstance(context_size, bool) or int(context_size) != context_size or \
                 context_size < 0:
             raise ValueError(f"--context-size must be an integer >= 0, got {context_size!r}")
-        if trained_k is None and not _memory(task):
+        if trained_k is None and not _memory(task) and not is_segment_model(task):
             raise CXMIError("--context-size: this checkpoint reads a whole-document context, "
                             "which has no bounded context size")
         if trained_k is not None and context_size > trained_k:
@@ -468,7 +486,10 @@ def _check_request(task, conditions: Sequence[str], context_size: Optional[int],
                 f"--memory-window {spec.memory_window}, --source-context-size "
                 f"{spec.source_context_size}, --target-context-size "
                 f"{spec.target_context_size}); it never saw that many sentences")
-    if curve and trained_k is None:
+    if curve and is_segment_model(task) and context_size is None:
+        raise CXMIError("--curve of a segment model (--doc2doc) runs over the context sizes "
+                        "0..N: give --context-size N (its segments have no trained size)")
+    if curve and trained_k is None and not is_segment_model(task):
         raise CXMIError("--curve: this checkpoint reads a whole-document context or a document "
                         "memory without a window (--memory-window), which has no bounded "
                         "context size to vary")
@@ -549,6 +570,22 @@ def _distribution_notes(result, n_size, trained_k, trained_dropout) -> List[str]
         notes.append(f"context size {n_size}: a window on a document memory trained on whole "
                      "documents (no --sampled-context-size), so this window is out of "
                      "distribution")
+    return notes
+
+
+def _segment_notes(task, n_size) -> List[str]:
+    """Where a segment model's conditions are out of its training
+    distribution."""
+    mode = str(task.cfg.doc2doc)
+    notes = []
+    if mode == "greedy":
+        notes.append("none: trained on greedy segments (--doc2doc greedy), the model saw a "
+                     "sentence alone only at the start of a segment; CXMI against none mixes "
+                     "context use with that shift (multi-resolution training, --doc2doc "
+                     "multires, has one-sentence chunks)")
+    if n_size is not None:
+        notes.append(f"context size {n_size}: at most {n_size} previous sentence(s) per "
+                     f"segment, within --doc2doc-max-tokens {task.cfg.doc2doc_max_tokens}")
     return notes
 
 
@@ -730,7 +767,11 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
         result[c], diffs[c] = _condition_entry(sc, c, opts.seed)
     result["cxmi"] = result["none"]["cxmi"]
     result["cxmi_interval"] = result["none"]["interval"]
-    notes = _distribution_notes(result, n_size, trained_k, spec.context_dropout)
+    if is_segment_model(task):
+        result["segments"] = describe(task)
+        notes = _segment_notes(task, n_size)
+    else:
+        notes = _distribution_notes(result, n_size, trained_k, spec.context_dropout)
     result["sentence_level_frozen"] = frozen
     result["co_primary"] = "shuffled" if frozen else None
     if frozen:
@@ -743,7 +784,8 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
     result["target"] = "reference tokens including </s> (teacher forcing); target context " \
                        "from the references"
     if opts.curve:
-        result["curve"] = _curve(model, task, split, sc, trained_k, n_size, opts)
+        result["curve"] = _curve(model, task, split, sc,
+                                 n_size if is_segment_model(task) else trained_k, n_size, opts)
     words = _word_records(task, cfg, true_ds, lp, conditions)
     result["top_words"] = _top_words(words, conditions, opts.top, opts.min_count)
     result["top_words_min_count"] = opts.min_count

@@ -37,6 +37,17 @@ Context, built by the task as in training
       (``--document-context online``) sees every sentence the suite gives; the
       report says how many.
 
+    A segment model (``--doc2doc``, ``transformer_gtrans``) scores each
+    candidate as the last sentence of a segment of its previous sentences
+    (:mod:`ctx_fairseq.eval.context_use.segment_context`: as many as the
+    suite gives, or for ``toy`` as the document has, that fit in
+    ``--doc2doc-max-tokens``), the context's translations a forced prefix of
+    the target that is not scored; the target side of the context comes
+    from the suite, or for ``toy`` from the references (only with
+    ``--gold-target-context``); a suite without target context is refused.
+    ``--context-ablation shuffled|random``: the previous sentences of
+    another document, or random symbols in their place.
+
     Each candidate rank is scored in its own copy of the dataset with the same
     document structure, so under ``--context-ablation shuffled`` every
     candidate of an example gets the same (wrong) context. A sentence-level
@@ -74,6 +85,8 @@ import torch
 
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.contract import ContextSpec, sentence_level, task_options
+from ctx_fairseq.eval.context_use.segment_context import (describe, is_segment_model,
+                                                          segment_dataset_for)
 from ctx_fairseq.eval.scoring.contrastive_suites import FORMATS, Suite
 from ctx_fairseq.eval.scoring.suite_report import (
     accuracy_bar_plot, add_output_args, add_suite_args, group_outcomes, pct, print_report,
@@ -119,9 +132,12 @@ def check_ablation(path: str, task, ablation: str) -> None:
 
 
 def uses_context(task) -> bool:
+    """Whether the checkpoint reads context: context inputs, concatenated
+    context, or (``--doc2doc``) the previous sentences of its segment."""
     from ctx_fairseq.tasks.document_translation import DocumentTranslationTask
 
-    return isinstance(task, DocumentTranslationTask) and task.uses_context
+    return isinstance(task, DocumentTranslationTask) and (task.uses_context
+                                                          or is_segment_model(task))
 
 
 class ContrastiveScorer:
@@ -146,6 +162,8 @@ class ContrastiveScorer:
         self.gold_target_context = gold_target_context
         self.allow_partial_document = allow_partial_document
         self.context = uses_context(task)
+        #: a segment model (--doc2doc): context as the rest of its segment
+        self.segments = is_segment_model(task)
         self._cache: Dict[Tuple[str, str], torch.Tensor] = {}
         self.notes: List[str] = []
 
@@ -164,6 +182,9 @@ class ContrastiveScorer:
     def check_context(self, suite: Suite) -> None:
         """The checkpoint's context must be buildable from the suite."""
         if not self.context:
+            return
+        if self.segments:
+            self._check_segment_context(suite)
             return
         c = self.spec
         if c.target_context_size > 0:
@@ -206,6 +227,35 @@ class ContrastiveScorer:
                 + (" (--suite-context N chooses the Lopes et al. context files)"
                    if suite.format == "lopes" else ""))
 
+    def _check_segment_context(self, suite: Suite) -> None:
+        """A segment model's context is source and target sentences: their
+        translations come from the suite, or (toy) from the references."""
+        if suite.context_sentences is None:
+            if not self.gold_target_context:
+                raise ContextUnavailable(
+                    "the checkpoint is a segment model (--doc2doc): the context sentences' "
+                    "translations are the first part of its target, which for the toy format "
+                    "come from the reference translations of the split: pass "
+                    "--gold-target-context to accept that")
+            self.notes.append(describe(self.task) + "; context: the split's previous "
+                              "sentences, their references as the target context")
+            return
+        if not suite.target_context and suite.context_sentences > 0:
+            raise ContextUnavailable(
+                f"the checkpoint is a segment model (--doc2doc): its target holds the context "
+                f"sentences' translations, but {suite.path} gives no target-side context")
+        self.notes.append(describe(self.task) + f"; context: the up to "
+                          f"{suite.context_sentences} previous sentence(s) the suite gives")
+
+    def _wrap(self, base, doc_ids, docids_path, tgt_ctx, generation: bool):
+        """The dataset with context of ``base``: the task's ``wrap``, or for a
+        segment model each sentence as the last of its segment."""
+        if self.segments:
+            return segment_dataset_for(self.task, base, doc_ids, docids_path,
+                                       self.condition, generation=generation)
+        return self.task.wrap(base, doc_ids, docids_path, tgt_ctx, generation=generation,
+                              condition=self.condition)
+
     # ------------------------------------------------------------- datasets
     def _pair_dataset(self, src: List[torch.Tensor], tgt: List[torch.Tensor]):
         from fairseq.data import LanguagePairDataset
@@ -228,8 +278,13 @@ class ContrastiveScorer:
         if base.tgt is None:
             raise ValueError(f"split {split} has no target side")
         ref = [base.tgt[i].long() for i in range(n)]
-        doc_ids = ([ds.doc_names[d] for d in ds.doc_index] if hasattr(ds, "doc_index")
-                   else None)
+        if self.segments:  # (a segment dataset's doc_index is per segment)
+            from ctx_fairseq.data.docids import read_docids
+
+            doc_ids = read_docids(ds.docids_path, expected=n)
+        else:
+            doc_ids = ([ds.doc_names[d] for d in ds.doc_index] if hasattr(ds, "doc_index")
+                       else None)
         for ex in suite.examples:
             i = ex.corpus_line
             if not 0 <= i < n:
@@ -267,8 +322,7 @@ class ContrastiveScorer:
                 base = self._pair_dataset(src, tgt)
                 if self.context:
                     tgt_ctx = ref if self.spec.target_context_size > 0 else None
-                    ds = self.task.wrap(base, doc_ids, docids_path, tgt_ctx,
-                                        generation=generation, condition=self.condition)
+                    ds = self._wrap(base, doc_ids, docids_path, tgt_ctx, generation)
                 else:
                     ds = base
                 out.append((ds, rows))
@@ -304,8 +358,7 @@ class ContrastiveScorer:
             base = self._pair_dataset(src, tgt)
             if self.context:
                 use_t = self.spec.target_context_size > 0
-                ds = self.task.wrap(base, doc_ids, suite.path, tctx if use_t else None,
-                                    generation=generation, condition=self.condition)
+                ds = self._wrap(base, doc_ids, suite.path, tctx if use_t else None, generation)
             else:
                 ds = base
             out.append((ds, rows))
@@ -452,7 +505,9 @@ def evaluate_checkpoint(path: str, data: str, contrastive: str,
     result = summarize(suite, scores, tie_tolerance)
     result.update({
         "checkpoint": path, "context_ablation": options.ablation,
-        "context": "document_translation task context" if scorer.context else "none (sentence-level)",
+        "context": ("doc2doc segment: the previous sentences of the segment" if scorer.segments
+                    else "document_translation task context" if scorer.context
+                    else "none (sentence-level)"),
         "notes": scorer.notes,
         "unknown_rate": {"source": src_enc.unknown_rate(), "target": tgt_enc.unknown_rate()},
     })
