@@ -6,7 +6,6 @@ sentence checkpoint without the separator, and ctx-doc2doc-split."""
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
