@@ -331,9 +331,10 @@ def _register_plugin_hooks() -> None:
         task_args=["--document-context", "online", "--document-memory"],
         setting=selective_setting))
 
-    # G-Transformer translates the doc2doc task's segments (group tags from the separator)
+    # G-Transformer translates the doc2doc task's segments (group tags from the separator);
+    # the paper's two stages: fine-tuned from the sentence-level transformer
     gtrans = ["--task", "document_translation", "--doc2doc", "greedy",
               "--source-context-size", "0"]
     _DEMO.setdefault("transformer_gtrans", DemoHooks(
-        train_args=gtrans, generate_args=gtrans + ["--doc2doc-frame"]))
+        stage1="transformer", train_args=gtrans, generate_args=gtrans + ["--doc2doc-frame"]))
     _BENCH.setdefault("transformer_gtrans", BenchHooks(task_args=gtrans[2:]))
