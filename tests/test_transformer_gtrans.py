@@ -321,6 +321,10 @@ def test_building_without_a_separator_or_a_doc2doc_task_is_an_input_error():
             _args("transformer_gtrans"), TranslationTask(TranslationConfig(), d, d))
     with pytest.raises(InputError, match="--gtrans-global-layers 3"):
         _build(extra=["--gtrans-global-layers", "3"])
+    with pytest.raises(InputError, match="--cross-self-attention is not supported"):
+        _build(extra=["--cross-self-attention"])
+    with pytest.raises(InputError, match="--word-dropout 1.0"):
+        _build(extra=["--word-dropout", "1.0"])
 
 
 def test_the_options_are_declared():
@@ -438,3 +442,16 @@ def test_lr_scale_pretrained_sees_the_global_attentions_and_gates_as_new():
     new = {id(p) for n, p in model.named_parameters() if n in model.new_parameter_names()}
     assert new and [not m for m in pretrained_mask(model, params)] == [id(p) in new
                                                                       for p in params]
+
+
+def test_layerdrop_trains():
+    """fairseq's LayerDropModuleList drops layers at random when iterated in
+    training: every layer still gets its mask, and the draws are fairseq's."""
+    model, d = _build(extra=["--encoder-layerdrop", "0.5", "--decoder-layerdrop", "0.5"])
+    model.train()
+    src = _segments(d, [[3, 4, 2], [5, 1]], seed=6)
+    prev = _prev(_segments(d, [[2, 5, 3], [4, 2]], seed=7, left_pad=False), d)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        out, _ = model(src, src.ne(d.pad()).sum(1), prev)
+        assert torch.isfinite(out).all()

@@ -125,8 +125,12 @@ def _global_range(cfg, layers: int) -> range:
     return range(layers - n, layers)
 
 
-def _unwrap(layer):
-    return getattr(layer, "_fsdp_wrapped_module", layer)
+def _layers(part):
+    """Every layer of an encoder or decoder, unwrapped: by index, since
+    iterating fairseq's ``LayerDropModuleList`` in training drops layers at
+    random (and draws from the generator the pass itself draws from)."""
+    layers = part.layers
+    return [getattr(layers[i], "_fsdp_wrapped_module", layers[i]) for i in range(len(layers))]
 
 
 # ------------------------------------------------------------------ layers
@@ -191,7 +195,7 @@ class GTransEncoder(TransformerEncoderBase):
                                "TransformerGTransModel.build_model)")
         tags = source_group_tags(src_tokens, self.separator, self.padding_idx)
         mask = self_group_mask(tags, causal=False)
-        with attached_masks((_unwrap(layer).self_attn, mask) for layer in self.layers):
+        with attached_masks((layer.self_attn, mask) for layer in _layers(self)):
             out = super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens,
                                              token_embeddings)
         out["src_group_tags"] = [tags]
@@ -249,8 +253,7 @@ class GTransDecoder(TransformerDecoderBase):
         self_mask, cross_mask = self._masks(prev_output_tokens, encoder_out,
                                             incremental_state, not full_context_alignment)
         pairs = []
-        for layer in self.layers:
-            layer = _unwrap(layer)
+        for layer in _layers(self):
             pairs += [(layer.self_attn, self_mask), (layer.encoder_attn, cross_mask)]
         with attached_masks(pairs):
             return super().extract_features_scriptable(
@@ -296,6 +299,9 @@ class TransformerGTransModel(TransformerModel):
                                  f"expected 0..{layers} (--{side}-layers {layers})")
         if not 0.0 <= float(args.word_dropout) < 1.0:
             raise InputError(f"--word-dropout {args.word_dropout}: expected 0 <= P < 1")
+        if getattr(args, "cross_self_attention", False):
+            raise InputError("transformer_gtrans: --cross-self-attention is not supported "
+                             "(the decoder's self-attention is a group attention)")
         if getattr(args, "checkpoint_activations", False):
             raise InputError("transformer_gtrans: --checkpoint-activations is not supported "
                              "(the group masks are attached for the pass only)")
