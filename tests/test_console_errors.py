@@ -60,6 +60,9 @@ CASES = [
     ("ctx-dp-suite", "ctx_fairseq.eval.pronouns.dp_suite:cli_main",
      ["build", "--source", "{bad}", "--dp-source", "{tmp}/nope.zh", "--refs", "{bad}",
       "--out", "{tmp}/s.jsonl"], "nope.zh: cannot read"),
+    ("ctx-doc2doc-split", "ctx_fairseq.cli.doc2doc_split:cli_main",
+     ["{bad}", "--data", "{tmp}", "--split", "test", "--source-lang", "a", "--target-lang", "b",
+      "--output", "{tmp}/o.txt"], "test.a-b.a.idx: not found"),
     # the issue's own example: a fairseq-generate file without S-/T-/H- lines
     ("prep_tvsub", "ctx_fairseq.prep.tvsub:main",
      ["score", "{bad}", "--refs", "{bad}", "--docids", "{tmp}/one.docids", "--out-dir",
