@@ -162,10 +162,14 @@ class ContrastiveScorer:
         self.gold_target_context = gold_target_context
         self.allow_partial_document = allow_partial_document
         self.context = uses_context(task)
-        #: a segment model (--doc2doc): context as the rest of its segment
-        self.segments = is_segment_model(task)
         self._cache: Dict[Tuple[str, str], torch.Tensor] = {}
         self.notes: List[str] = []
+
+    @property
+    def segments(self) -> bool:
+        """A segment model (``--doc2doc``): its context is the rest of its
+        segment (read from the checkpoint's context specification)."""
+        return str(getattr(self.spec, "doc2doc", "none") or "none") != "none"
 
     # ------------------------------------------------------------------ text
     def _enc(self, side: str, text: str) -> torch.Tensor:
