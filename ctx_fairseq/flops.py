@@ -148,6 +148,43 @@ def counted_op_names() -> Set[str]:
             if isinstance(op, torch._ops.OpOverloadPacket) and str(op).startswith("aten.")}
 
 
+# --------------------------------------------------------------------------- the L^2 terms
+
+
+def attention_step_flops(model, sample, backward: bool = True) -> int:
+    """The FLOPs of the attention score and mixing products (``Q K^T`` and
+    ``A V``) of one training step of an encoder-decoder ``model`` on
+    ``sample``: the terms that grow with the square of the length, which a
+    segment of ``L`` tokens pays ``L`` times per token where a sentence pays
+    its own length. Counted analytically from the padded batch, as the dense
+    kernels compute them (a group or causal mask saves nothing):
+    ``4 B S_q S_k E`` forward per attention module (``E`` its query/key
+    width summed over the heads), twice that backward (:func:`attention_backward_flops`).
+    Every ``MultiheadAttention`` under ``model.encoder`` is a self-attention
+    over the source (``S x S``); under ``model.decoder``, one named
+    ``encoder_attn`` (and the global attention inside it) reads the source
+    (``T x S``), the others are self-attentions (``T x T``). A gated group
+    attention counts twice: its group attention and its ``global_attn``.
+    ``FlopCounter`` counts the same products (with the model's linear terms);
+    ``tests/test_bench_doc2doc.py`` checks that the two agree."""
+    from fairseq.modules import MultiheadAttention
+
+    ni = sample["net_input"]
+    b, s = ni["src_tokens"].shape
+    t = ni["prev_output_tokens"].size(1)
+    total = 0
+    for part in ("encoder", "decoder"):
+        for name, m in getattr(model, part).named_modules():
+            if not isinstance(m, MultiheadAttention):
+                continue
+            if part == "encoder":
+                q, k = s, s
+            else:
+                q, k = (t, s) if ".encoder_attn" in f".{name}" else (t, t)
+            total += 4 * b * q * k * m.embed_dim
+    return total * (3 if backward else 1)
+
+
 # --------------------------------------------------------------------------- hardware peaks
 
 #: Dense (no structured sparsity) peak throughput in TFLOP/s of NVIDIA data-centre

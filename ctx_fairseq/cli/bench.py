@@ -113,7 +113,8 @@ from ctx_fairseq.cli.bench_report import (
     format_markdown, format_table, sweep_summary)
 from ctx_fairseq.cli.bench_specs import memory_sentences, parse_spec, split_specs
 from ctx_fairseq.data.contract import sentence_level, task_options
-from ctx_fairseq.flops import device_peak_tflops, matmul_precision, mfu
+from ctx_fairseq.cli.bench_doc2doc import doc2doc_of, segment_sample
+from ctx_fairseq.flops import attention_step_flops, device_peak_tflops, matmul_precision, mfu
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -181,15 +182,19 @@ class Bench:
         if arch not in ARCH_MODEL_REGISTRY:
             raise ValueError(f"--archs: unknown architecture {arch!r}")
         doc_task = list(bench_hooks(arch).task_args)
+        # a spec with the doc2doc task's options (--segment-tokens) is the document task's
+        doc_task += ["--doc2doc", "greedy"] if "--doc2doc" in extra and not doc_task else []
         task_name = "document_translation" if doc_task else "translation"
+        seg = getattr(a, "segment_tokens", None) or 0
         argv = [
             "bench-data", "--user-dir", USER_DIR, "--arch", arch, "--task", task_name, *doc_task,
             "--encoder-layers", str(a.layers), "--decoder-layers", str(a.layers),
             "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
             "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
             "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
-            "--share-all-embeddings", "--max-source-positions", str(max(1024, a.src_len * a.doc_len + 8)),
-            "--max-target-positions", str(max(1024, a.tgt_len + 8)), *self.trainer_args(), *extra,
+            "--share-all-embeddings", "--max-source-positions",
+            str(max(1024, a.src_len * a.doc_len + 8, seg + 8)),
+            "--max-target-positions", str(max(1024, a.tgt_len + 8, seg + 8)), *self.trainer_args(), *extra,
         ]
         parser = options.get_training_parser()
         margs = options.parse_args_and_arch(parser, argv)
@@ -282,6 +287,9 @@ class Bench:
     def sample(self, model, task, margs, seed: int) -> Dict:
         a = self.args
         hooks = bench_hooks(margs.arch)
+        if getattr(a, "segment_tokens", None) or doc2doc_of(task) != "none":
+            # segments (issue 39): a doc2doc task's, or the same batch's sentences
+            return segment_sample(self, task, model, margs, seed)
         if hooks.task_args:
             return self.document_sample(task, seed, model, margs)
         if hooks.sample is not None:
@@ -517,6 +525,7 @@ class Bench:
                     model.train()
                     entry["crit"](model, entry["sample"])
             entry["flops"] = self.count_flops(entry)
+            entry["attention_flops"] = attention_step_flops(entry["model"], entry["sample"])
             # two full training steps (the memory measurement) also warm the model up
             entry["peak_mem_mb"] = self.peak_memory_mb(entry)
             if self.device.type == "cuda":  # what a step waits for on the host
@@ -587,7 +596,7 @@ class Bench:
             "batch_target_tokens": tokens,
             "train_sentences_per_s": train / _tokens(e["sample"]) * e["sample"]["nsentences"],
             "peak_mem_mb_per_sentence": e["peak_mem_mb"] / e["sample"]["nsentences"],
-            "train_flops": e["flops"],
+            "train_flops": e["flops"], "train_attention_flops": e.get("attention_flops"),
             # CPU only: one training step under the profiler (the memory measurement),
             # its wall time and the CPU time of the ops whose FLOPs are counted
             "train_profiled_step_s": e.get("profiled_step_s"),
@@ -761,6 +770,19 @@ def get_parser() -> argparse.ArgumentParser:
                    help="measure at each of these --max-tokens in turn and report, per "
                         "architecture, training tokens/s, TFLOP/s and MFU at each, and the "
                         "batch from which it stops being host-bound")
+    p.add_argument("--segment-tokens", default=None, metavar="L,L,...",
+                   help="issue 39: each --archs model (default transformer,transformer_gtrans) "
+                   "trains on greedy doc2doc segments of at most L tokens, the baseline on the "
+                   "same sentences (ctx_fairseq.cli.bench_doc2doc); with --attention-bench or "
+                   "--decode-bench, the lengths those measure")
+    p.add_argument("--attention-bench", action="store_true",
+                   help="with --segment-tokens: group-masked attention against fairseq's "
+                   "attention of the same shape (ctx_fairseq.cli.bench_attention)")
+    p.add_argument("--decode-bench", action="store_true",
+                   help="with --segment-tokens: beam search (--beam) on segments with and "
+                   "without the sentence-count frame (ctx_fairseq.cli.bench_attention)")
+    p.add_argument("--decode-segments", type=int, default=2,
+                   help="--decode-bench: segments per beam search (2)")
     p.add_argument("--trace", action="store_true",
                    help="no timing: one cold training step per model on the accelerator's "
                    "path, counted on the CPU (FLOPs per target token against the baseline, "
@@ -848,6 +870,10 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
     # which measures the baseline against itself (run-to-run noise).
     specs = [a.baseline] + specs
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if a.segment_tokens is not None or a.attention_bench or a.decode_bench:
+        from ctx_fairseq.cli.bench_attention import segment_main
+
+        return segment_main(a, specs, parser, log)
     if a.trace:
         from ctx_fairseq.cli.bench_trace import trace_main
 
