@@ -235,3 +235,27 @@ def test_refusals(segment_ckpt, loaded, toy_bin, toy_corpus, tmp_path):
         scorer.rank_datasets(SuiteOptions(fmt="voita").read(voita), generation=True)
     with pytest.raises(InputError, match="window bounds a document memory"):
         segment_condition_dataset(task, "test", ContextCondition("window", 1))
+
+
+def test_both_commands_on_a_segment_checkpoint(segment_ckpt, toy_bin, toy_corpus, tmp_path,
+                                               capsys):
+    """ctx-cxmi and ctx-score-contrastive end to end (their parsers and
+    outputs), the segment context named in what they print."""
+    res = cxmi.cli_main(["--path", segment_ckpt, "--data", toy_bin, "--split", "test",
+                         "--out", str(tmp_path / "cx"), "--cpu", "--max-tokens", "300",
+                         "--conditions", "none,shuffled", "--lang", "de"])
+    out = capsys.readouterr().out
+    assert "context: doc2doc segments" in out and res["cxmi"] != 0.0
+    assert os.path.exists(tmp_path / "cx" / "cxmi.json")
+    jsonl = os.path.join(toy_corpus, "test.contrastive.jsonl")
+    with pytest.raises(SystemExit):
+        C.cli_main(["--path", segment_ckpt, "--data", toy_bin, "--contrastive", jsonl,
+                    "--out-dir", str(tmp_path / "c")])
+    assert "--gold-target-context" in capsys.readouterr().err
+    r = C.cli_main(["--path", segment_ckpt, "--data", toy_bin, "--contrastive", jsonl,
+                    "--out-dir", str(tmp_path / "c"), "--gold-target-context",
+                    "--scores-out", str(tmp_path / "scores.txt")])
+    assert r["context"].startswith("doc2doc segment")
+    assert any("doc2doc segments" in n for n in r["notes"])
+    n = sum(len(ex["scores"]) for ex in r["examples"])
+    assert len(open(tmp_path / "scores.txt").read().split()) == n

@@ -47,6 +47,8 @@ def format_result(result: Dict) -> str:
                      f"{e['logprob_per_token']:.4f} | {e['sentences_better_with_context']} / "
                      f"{e['sentences_worse_with_context']} |")
     lines.append(f"| (true context) | | | | | | {result['logprob_true_per_token']:.4f} | |")
+    if result.get("segments"):
+        lines.append(f"\ncontext: {result['segments']}")
     if result.get("co_primary"):
         lines.append(f"\nco-primary: {result['co_primary']} (the checkpoint's sentence-level "
                      "path is frozen: against the empty context it measures its adapter, not "
