@@ -55,6 +55,12 @@ SETTINGS = {
                 "--source-context-size", "1", "--target-context-size", "1"], False),
     "sampled_context": ([*DOC, "--arch", "transformer_context_aware",
                          "--source-context-size", "3", "--sampled-context-size", "3"], False),
+    # the segment modes (issue 39): segments of consecutive sentences, a plain
+    # transformer and G-Transformer
+    "doc2doc_greedy": ([*DOC, "--arch", "transformer", "--source-context-size", "0",
+                        "--doc2doc", "greedy", "--doc2doc-max-tokens", "60"], False),
+    "doc2doc_multires": ([*DOC, "--arch", "transformer_gtrans", "--source-context-size", "0",
+                          "--doc2doc", "multires", "--doc2doc-max-tokens", "60"], False),
 }
 
 
