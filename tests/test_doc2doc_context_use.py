@@ -66,6 +66,60 @@ def _sep(task):
     return task.source_dictionary.index(task.cfg.doc2doc_separator)
 
 
+def _tiny(src_sizes, tgt_sizes, docs, condition, max_tokens, seed=1):
+    """A SegmentContextDataset over hand-made sentences: sentence j's tokens
+    are ``10 + j`` repeated, then ``</s>``."""
+    from fairseq.data import Dictionary, LanguagePairDataset
+
+    from ctx_fairseq.eval.context_use.segment_context import SegmentContextDataset
+
+    d = Dictionary()
+    for k in range(40):
+        d.add_symbol(f"w{k}")
+    sep = d.add_symbol("<sep>")
+
+    def sent(j, n):
+        return torch.tensor([10 + j] * (n - 1) + [d.eos()])
+
+    src = [sent(j, n) for j, n in enumerate(src_sizes)]
+    tgt = [sent(j, n) for j, n in enumerate(tgt_sizes)]
+    base = LanguagePairDataset(src, np.array(src_sizes), d, tgt, np.array(tgt_sizes), d,
+                               shuffle=False)
+    return SegmentContextDataset(base, docs, sep, sep, max_tokens, condition, seed=seed), sep
+
+
+def test_a_tiny_segment_exactly():
+    """Sizes (</s> included) of two documents: a = 3, 4, 2, 5 (target 3, 2, 2,
+    6), b = 2, 2. With a limit of 10 tokens, sentence 3 of a takes sentence 2
+    (2 + 5 source, 2 + 6 target tokens) but not sentence 1 (11 source tokens
+    though the target's 10 would fit): the longer side counts."""
+    docs = ["a", "a", "a", "a", "b", "b"]
+    src, tgt = [3, 4, 2, 5, 2, 2], [3, 2, 2, 6, 2, 2]
+    ds, sep = _tiny(src, tgt, docs, ContextCondition("true"), 10)
+    assert [c.tolist() for c in ds.context_ids] == [[], [0], [0, 1], [2], [], [4]]
+    assert ds.cut_by_limit.tolist() == [False, False, False, True, False, False]
+    item = ds[3]
+    assert item["source"].tolist() == [12, sep, 13, 13, 13, 13, 2]
+    assert item["target"].tolist() == [12, sep, 13, 13, 13, 13, 13, 2]
+    assert item["prefix_len"] == 2 and ds.size(3) == (7, 8)
+    b = ds.collater([ds[3], ds[2], ds[0]])
+    assert b["target_prefix_len"].tolist() == [ds.prefix_len[i] for i in b["id"].tolist()]
+    assert b["net_input"]["prev_output_tokens"][b["id"].tolist().index(3)].tolist()[:3] == \
+        [2, 12, sep]
+    # a size keeps the nearest; none keeps nothing; shuffled reads the other document
+    one, _ = _tiny(src, tgt, docs, ContextCondition("previous", 1), 100)
+    assert [c.tolist() for c in one.context_ids] == [[], [0], [1], [2], [], [4]]
+    none, _ = _tiny(src, tgt, docs, ContextCondition("none"), 100)
+    assert all(len(c) == 0 for c in none.context_ids)
+    assert torch.equal(none[3]["source"], none.base.src[3]) and none[3]["prefix_len"] == 0
+    shuf, _ = _tiny(src, tgt, docs, ContextCondition("shuffled"), 100)
+    assert shuf.donor[5] in (1, 2, 3) and shuf.donor[1] == 5 and shuf.donor[0] == 0
+    assert shuf.context_ids[1].tolist() == [4]
+    assert shuf.context_ids[5].tolist() == list(range(0, int(shuf.donor[5])))
+    with pytest.raises(InputError, match="fewer than two documents"):
+        _tiny(src[:4], tgt[:4], docs[:4], ContextCondition("shuffled"), 100)
+
+
 def test_the_segment_of_a_sentence_by_hand(loaded):
     """Sentence i with its K previous sentences: ``x_1 <sep> .. x_i </s>`` on
     both sides, the target prefix the context's tokens with their separators;

@@ -573,7 +573,7 @@ def _distribution_notes(result, n_size, trained_k, trained_dropout) -> List[str]
     return notes
 
 
-def _segment_notes(task, n_size) -> List[str]:
+def _segment_notes(task, n_size, cut: int) -> List[str]:
     """Where a segment model's conditions are out of its training
     distribution."""
     mode = str(task.cfg.doc2doc)
@@ -585,7 +585,8 @@ def _segment_notes(task, n_size) -> List[str]:
                      "multires, has one-sentence chunks)")
     if n_size is not None:
         notes.append(f"context size {n_size}: at most {n_size} previous sentence(s) per "
-                     f"segment, within --doc2doc-max-tokens {task.cfg.doc2doc_max_tokens}")
+                     f"segment, within --doc2doc-max-tokens {task.cfg.doc2doc_max_tokens} "
+                     f"({cut} sentence(s) got fewer: the segment would have been longer)")
     return notes
 
 
@@ -769,7 +770,8 @@ def compute_cxmi(model, task, cfg, split: str, conditions: Sequence[str] = ("non
     result["cxmi_interval"] = result["none"]["interval"]
     if is_segment_model(task):
         result["segments"] = describe(task)
-        notes = _segment_notes(task, n_size)
+        result["segment_context_cut_by_limit"] = int(true_ds.cut_by_limit.sum())
+        notes = _segment_notes(task, n_size, result["segment_context_cut_by_limit"])
     else:
         notes = _distribution_notes(result, n_size, trained_k, spec.context_dropout)
     result["sentence_level_frozen"] = frozen

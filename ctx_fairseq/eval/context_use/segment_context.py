@@ -123,8 +123,12 @@ class SegmentContextDataset(FairseqDataset):
         size = 0 if condition.kind == "none" else condition.size
         #: per sentence the position whose previous sentences are its context
         self.donor = self._donors() if condition.kind == "shuffled" else None
-        #: per sentence its context sentence ids (oldest first)
-        self.context_ids: List[np.ndarray] = [self._fit(i, size) for i in range(n)]
+        #: per sentence its context sentence ids (oldest first), and whether
+        #: the limit (--doc2doc-max-tokens) left out a previous sentence that
+        #: the size and the document (or the suite's example) would have given
+        fits = [self._fit(i, size) for i in range(n)]
+        self.context_ids: List[np.ndarray] = [f[0] for f in fits]
+        self.cut_by_limit = np.array([f[1] for f in fits], dtype=bool)
         self.prefix_len = np.array([int(self._tgt_sizes[c].sum()) for c in self.context_ids],
                                    dtype=np.int64)
         ctx_src = np.array([int(self._src_sizes[c].sum()) for c in self.context_ids],
@@ -154,22 +158,24 @@ class SegmentContextDataset(FairseqDataset):
         donor[mine] = eligible[pick[mine]]
         return donor
 
-    def _fit(self, i: int, size: Optional[int]) -> np.ndarray:
-        """The context ids of sentence ``i``: the previous sentences of its
-        anchor (itself, or its donor), nearest first while the segment fits
-        the limit on both sides and there are at most ``size``."""
+    def _fit(self, i: int, size: Optional[int]):
+        """``(ids, cut)``: the context ids of sentence ``i``, the previous
+        sentences of its anchor (itself, or its donor), nearest first while
+        the segment fits the limit on both sides and there are at most
+        ``size``; ``cut``: the limit stopped it."""
         if size == 0 or self.sent_pos[i] == 0:
-            return np.zeros(0, dtype=np.int64)
+            return np.zeros(0, dtype=np.int64), False
         a = int(self.donor[i]) if self.donor is not None else i
         first = int(self.doc_start[self.doc_index[a]])
         src, tgt = int(self._src_sizes[i]), int(self._tgt_sizes[i])
-        j = a
+        j, cut = a, False
         while j > first and (size is None or a - j < size):
             s, t = src + int(self._src_sizes[j - 1]), tgt + int(self._tgt_sizes[j - 1])
             if max(s, t) > self.max_tokens:
+                cut = True
                 break
             src, tgt, j = s, t, j - 1
-        return np.arange(j, a, dtype=np.int64)
+        return np.arange(j, a, dtype=np.int64), cut
 
     def sentences_with_context(self) -> np.ndarray:
         """Per sentence: does its segment hold a context sentence?"""

@@ -413,12 +413,19 @@ class ContrastiveScorer:
         """Per example, the score of each candidate."""
         self.check_context(suite)
         scores = [[float("nan")] * len(ex.candidates) for ex in suite.examples]
+        cut = set()
         for c, (ds, rows) in enumerate(self.rank_datasets(suite)):
             wanted = rows[rows >= 0]
+            if self.segments and suite.context_sentences is not None:
+                cut.update(np.flatnonzero(ds.cut_by_limit[rows] & (rows >= 0)).tolist())
             got = self.score_rows(ds, wanted)
             for i, r in enumerate(rows.tolist()):
                 if r >= 0:
                     scores[i][c] = got[r]
+        if cut:
+            self.notes.append(f"{len(cut)} example(s) had context sentences left out: the "
+                              f"segment would have been longer than --doc2doc-max-tokens "
+                              f"{self.task.cfg.doc2doc_max_tokens} (the nearest kept)")
         for ex, s in zip(suite.examples, scores):
             if not all(np.isfinite(s)):
                 raise RuntimeError(f"{ex.where}: a candidate was not scored or scored {s}; "
