@@ -455,3 +455,13 @@ def test_layerdrop_trains():
         torch.manual_seed(seed)
         out, _ = model(src, src.ne(d.pad()).sum(1), prev)
         assert torch.isfinite(out).all()
+
+
+def test_more_target_sentences_than_source_sentences_stay_finite():
+    """A free decoder (no frame) may open a group the source does not have:
+    its cross-attention falls back to the whole source, never NaN."""
+    model, d = _build()
+    src = _segments(d, [[4, 3], [5]], seed=14)
+    prev = _prev(_segments(d, [[2, 2, 2, 2], [3, 3, 3]], seed=15, left_pad=False), d)
+    out, extra = model(src, src.ne(d.pad()).sum(1), prev)
+    assert torch.isfinite(out).all() and torch.isfinite(extra["attn"][0]).all()
