@@ -7,7 +7,7 @@
 set -euo pipefail
 
 RECIPE_NAME=iwslt17_ted_en_de
-RECIPE_USAGE="usage: recipes/iwslt17_ted_en_de/run.sh [--workdir DIR] [--smoke] [--raw DIR] [--cpu]
+RECIPE_USAGE="usage: recipes/iwslt17_ted_en_de/run.sh [--workdir DIR] [--smoke | --study] [--raw DIR] [--cpu]
 
 IWSLT17 TED en-de documents: download, ctx-prep-docs (talks as documents),
 then the pipeline shared with the News Commentary and Europarl recipes
@@ -26,18 +26,47 @@ accuracy, the paper's analyses.
   --raw DIR      the extracted files (train.tags.en-de.{en,de},
                  IWSLT17.TED.*.en-de.{en,de}.xml, IWSLT17.TED.tst201[67].de-en.de.xml)
                  instead of downloading; with --smoke: the IWSLT17 XML files
+  --study        the CPU study (in DIR/study): a small shape and a fixed number of
+                 updates (README.md, 'CPU study'); the models of issue 39 by default
+                 (concat doc2doc doc2doc_mr gtrans); resumable
   --cpu          train and translate on the CPU
+
+Without train.tags.en-de.* under --raw (the shared copy holds the XML sets
+only), the full and --study modes train on dev2010 and tst2010-tst2014 (the
+first 3 talks of tst2014 held out for validation) and test on tst2015, and
+say so; with them, on the training talks as the paper.
 
 Environment (defaults in README.md): UNTIL=data (stop after the data steps),
 VARIANTS, BASELINES, BEAM, MAX_TOKENS, BPE_MERGES, SEED, DEV_SETS, TEST_SETS,
+D2D_MAX_TOKENS, STUDY_SENT_UPDATES, STUDY_DOC_UPDATES,
 IWSLT17_TRAIN_URL/_MD5, IWSLT17_TEST_URL_EN_DE/_MD5, IWSLT17_TEST_URL_DE_EN/_MD5,
 PYTHON, TRAIN_EXTRA, GEN_EXTRA."
 
+# --study is this recipe's own option; the rest are the shared ones
+STUDY=0
+_args=()
+for _a in "$@"; do
+    if [ "$_a" = --study ]; then STUDY=1; else _args+=("$_a"); fi
+done
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../lib/recipe.sh
 . "$HERE/../lib/recipe.sh"
-recipe_init "$@"
+recipe_init "${_args[@]}"
 smoke_needs_raw
+if [ "$STUDY" = 1 ]; then
+    [ "$SMOKE" = 0 ] || die "--smoke and --study exclude each other"
+    WORK="$WORK/study"
+    mkdir -p "$WORK/.done" "$WORK/logs"
+    # read by ctx_maruf_config (recipes/lib/steps_context.sh)
+    MARUF_STUDY=1
+    if [ -z "${OMP_NUM_THREADS:-}" ]; then
+        export OMP_NUM_THREADS=1
+        log "study mode: OMP_NUM_THREADS=1 (set OMP_NUM_THREADS to choose another number)"
+    fi
+    log "study mode: work directory $WORK"
+    # the study's models: BASELINES' study default (ctx_maruf_config), no selective variant
+    VARIANTS=${VARIANTS-}
+fi
 
 L1=en
 L2=de
@@ -63,8 +92,24 @@ SMOKE_VALID_TALKS=3
 SMOKE_TEST_SET=tst2015
 SMOKE_TEST_TALKS=4
 
-# the prep step reads them outside --smoke: its marker records them
-if [ "$SMOKE" = 0 ]; then RECIPE_SETTINGS+=(DEV_SETS TEST_SETS); fi
+# The shared copy (../shared/data/iwslt17-ted-en-de) has the XML sets only: without
+# the training talks (train.tags), the full and study modes train on dev2010 and
+# tst2010-tst2014 (XML_VALID_TALKS talks of tst2014 held out for validation) and
+# test on tst2015: TED_SPLITS=xml (said in the log and in results/splits.txt).
+XML_TRAIN_SETS=(dev2010 tst2010 tst2011 tst2012 tst2013 tst2014)
+XML_VALID_TALKS=3
+XML_TEST_SET=tst2015
+TED_SPLITS=paper
+if [ "$SMOKE" = 1 ]; then
+    TED_SPLITS=smoke
+elif [ -n "$RAW" ] && [ ! -e "$RAW/train.tags.$L1-$L2.$L1" ]; then
+    TED_SPLITS=xml
+    log "no $RAW/train.tags.$L1-$L2.$L1 (the XML sets only): training on dev2010 and tst2010-tst2014 (the first $XML_VALID_TALKS talks of tst2014 held out for validation), testing on tst2015; not the paper's split"
+fi
+# the prep step reads them outside --smoke: its marker records them (TED_SPLITS where
+# it is xml: the markers of the earlier modes' work directories stay valid)
+if [ "$TED_SPLITS" = xml ]; then RECIPE_SETTINGS+=(TED_SPLITS); fi
+if [ "$TED_SPLITS" = paper ]; then RECIPE_SETTINGS+=(DEV_SETS TEST_SETS); fi
 read -r -a DEV_LIST <<< "$DEV_SETS"
 read -r -a TEST_LIST <<< "$TEST_SETS"
 if [ "${#DEV_LIST[@]}" -eq 0 ] || [ "${#TEST_LIST[@]}" -eq 0 ]; then
@@ -87,7 +132,7 @@ if [ "$SMOKE" = 1 ]; then
     # a stage-1 model that translates a little: more updates and a higher rate
     # than the pipeline's smoke defaults (stage 2 keeps the paper's 1e-4)
     SMOKE_DIM=64
-    SMOKE_SENT_UPDATES=300
+    SMOKE_SENT_UPDATES=${SMOKE_SENT_UPDATES:-300}
     SMOKE_DOC_UPDATES=60
     SMOKE_SENT_LR=1e-3
     SMOKE_BPE_MERGES=2000
@@ -147,10 +192,31 @@ xml_files() {  # xml_files TGT_PAIR SET...: XML_FILES=(the sets' raw XML files: 
     done
 }
 
+# xml_split_off PREFIX N VALID TRAIN: the first N documents of PREFIX.{en,de,docids}
+# to VALID.*, the rest appended to TRAIN.*
+xml_split_off() {
+    local in=$1 n=$2 valid=$3 train=$4 lines ext
+    lines=$(awk -v n="$n" '{ if ($1 != prev) { d++; prev = $1 } if (d > n) { print NR - 1; exit } }
+        END { if (d <= n) print NR }' "$in.docids")
+    for ext in "$L1" "$L2" docids; do
+        head -n "$lines" "$in.$ext" > "$valid.$ext"
+        tail -n +"$((lines + 1))" "$in.$ext" >> "$train.$ext"
+    done
+}
+
 prep() {
     local p="$WORK/docs" s src tgt
     mkdir -p "$p"
-    if [ "$SMOKE" = 1 ]; then
+    if [ "$TED_SPLITS" = xml ]; then
+        xml_files "$L1-$L2" "${XML_TRAIN_SETS[@]:0:5}"
+        ctx_prep_xml_sets "$p/train" "$L1" "$L2" 0 "${XML_FILES[@]}"
+        xml_files "$L1-$L2" "${XML_TRAIN_SETS[5]}"
+        ctx_prep_xml_sets "$p/heldin" "$L1" "$L2" 0 "${XML_FILES[@]}"
+        xml_split_off "$p/heldin" "$XML_VALID_TALKS" "$p/valid" "$p/train"
+        rm -f "$p/heldin".*
+        xml_files "$L1-$L2" "$XML_TEST_SET"
+        ctx_prep_xml_sets "$p/test" "$L1" "$L2" 0 "${XML_FILES[@]}"
+    elif [ "$SMOKE" = 1 ]; then
         xml_files "$L1-$L2" "${SMOKE_TRAIN_SETS[@]}"
         ctx_prep_xml_sets "$p/train" "$L1" "$L2" 0 "${XML_FILES[@]}"
         xml_files "$L1-$L2" "$SMOKE_VALID_SET"
@@ -179,4 +245,10 @@ prep() {
 
 if [ -z "$RAW" ]; then step download download; fi
 step prep prep
+mkdir -p "$WORK/results"
+case $TED_SPLITS in
+    xml) printf 'splits: the XML sets only (no train.tags): training dev2010, tst2010-tst2013 and tst2014 but its first %s talks (validation); test tst2015 (all talks). Not the paper'"'"'s split (training talks; test tst2016+tst2017).\n' "$XML_VALID_TALKS" ;;
+    smoke) printf 'splits: smoke (dev2010, tst2010-tst2013; validation: 3 talks of tst2014; test: 4 talks of tst2015)\n' ;;
+    paper) printf 'splits: the paper'"'"'s (training talks of train.tags; development %s; test %s)\n' "$DEV_SETS" "$TEST_SETS" ;;
+esac > "$WORK/results/splits.txt"
 ctx_maruf_pipeline "$L1" "$L2"

@@ -407,7 +407,11 @@ _ctx_summary_text() {
 #                2018), zhang2018_enc, zhang2018_dec (Zhang et al. 2018, context
 #                in the encoder / decoder; zhang2018: both), han_enc, han (HAN
 #                encoder, HAN joint: Miculicich et al. 2018; han trains han_enc
-#                first) [smoke: context_aware; full: context_aware zhang2018 han]
+#                first); issue 39 (recipes/lib/steps_doc2doc.sh): concat
+#                (transformer_concat 2-to-2), doc2doc, doc2doc_mr, gtrans, each
+#                fine-tuned from stage 1 [smoke: context_aware; full: context_aware
+#                zhang2018 han; study: concat doc2doc doc2doc_mr gtrans]
+#   D2D_MAX_TOKENS  the doc2doc rows' --doc2doc-max-tokens [512; smoke 128]
 #   BPE_MERGES [30000], MAX_TOKENS [4096], GEN_MAX_TOKENS [8000], SEED [1], BEAM [1]
 #   CONTRAPRO    ContraPro's contrapro.json (Table 4), converted beside it by its
 #                json2text_and_context.pl -c 3: every online model is also scored on it
@@ -420,6 +424,10 @@ _ctx_summary_text() {
 # --smoke: a tiny model and a few updates; a recipe can set SMOKE_DIM [32],
 # SMOKE_SENT_UPDATES [4], SMOKE_DOC_UPDATES [4], SMOKE_SENT_LR [1e-4],
 # SMOKE_BPE_MERGES [60], SMOKE_MAX_TOKENS [2000] before calling the pipeline.
+# MARUF_STUDY=1 (a recipe's --study): the CPU study's small shape and fixed
+# updates, STUDY_DIM [192], STUDY_LAYERS [3], STUDY_SENT_UPDATES [600],
+# STUDY_DOC_UPDATES [200], STUDY_SENT_LR [7e-4, inverse square root after 300
+# warm-up updates], STUDY_DOC_LR [5e-4], STUDY_BPE_MERGES [8000], MAX_TOKENS [2048].
 
 # ctx_maruf_config: the settings above as arrays (SENT_TRAIN, DOC_COMMON, GEN, ...).
 ctx_maruf_config() {
@@ -437,6 +445,24 @@ ctx_maruf_config() {
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         N_ANALYSED=${N_ANALYSED:-1}
         BASELINES=${BASELINES-context_aware}
+        D2D_MAX_TOKENS=${D2D_MAX_TOKENS:-128}
+    elif [ "${MARUF_STUDY:-0}" = 1 ]; then
+        # the CPU study (a recipe sets MARUF_STUDY=1, e.g. recipes/iwslt17_ted_en_de --study):
+        # a small shape and a fixed number of updates (not the paper's epochs), stage 1
+        # warmed up and decayed, stage 2 at the rate it ends with
+        BPE_MERGES=${BPE_MERGES:-${STUDY_BPE_MERGES:-8000}}
+        dim=${STUDY_DIM:-192}; ffn=$((4 * dim)); heads=4; layers=${STUDY_LAYERS:-3}
+        SENT_LIMIT=(--max-update "${STUDY_SENT_UPDATES:-600}" --lr-scheduler inverse_sqrt
+                    --warmup-updates 300 --warmup-init-lr 1e-7)
+        DOC_LIMIT=(--max-update "${STUDY_DOC_UPDATES:-200}")
+        SENT_LR=${STUDY_SENT_LR:-7e-4}
+        # 7e-4 * sqrt(300 / 600): the rate stage 1 ends with
+        DOC_LR=${STUDY_DOC_LR:-5e-4}
+        MAX_TOKENS=${MAX_TOKENS:-2048}
+        GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
+        N_ANALYSED=${N_ANALYSED:-1}
+        BASELINES=${BASELINES-concat doc2doc doc2doc_mr gtrans}
+        D2D_MAX_TOKENS=${D2D_MAX_TOKENS:-512}
     else
         BPE_MERGES=${BPE_MERGES:-30000}
         # Sec. 4.1: 4 layers, hidden 512, feed-forward 2048, 8 heads
@@ -449,7 +475,9 @@ ctx_maruf_config() {
         GEN_LEN=()
         N_ANALYSED=${N_ANALYSED:-5}
         BASELINES=${BASELINES-context_aware zhang2018 han}
+        D2D_MAX_TOKENS=${D2D_MAX_TOKENS:-512}
     fi
+    DOC_LR=${DOC_LR:-1e-4}
     transformer_shape "$layers" "$dim" "$ffn" "$heads"
     # the default Adam, initial learning rate 1e-4 (kept), label smoothing 0.1 (Sec. 4.1)
     OPTIM=(--optimizer adam --adam-betas "(0.9, 0.999)" --lr-scheduler fixed
@@ -460,7 +488,7 @@ ctx_maruf_config() {
                 --activation-dropout 0.1 --criterion label_smoothed_cross_entropy "${OPTIM[@]}"
                 --lr "$SENT_LR" "${SENT_LIMIT[@]}")
     DOC_COMMON=("${SHAPE[@]}" --dropout 0.2 --attention-dropout 0.2 --activation-dropout 0.2
-                --criterion label_smoothed_cross_entropy_ctx "${OPTIM[@]}" --lr 1e-4
+                --criterion label_smoothed_cross_entropy_ctx "${OPTIM[@]}" --lr "$DOC_LR"
                 "${DOC_LIMIT[@]}")
     GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 
@@ -483,7 +511,8 @@ ctx_maruf_config() {
             context_aware|zhang2018_enc|zhang2018_dec|han_enc) _ctx_add_model "$v" ;;
             zhang2018) _ctx_add_model zhang2018_enc; _ctx_add_model zhang2018_dec ;;
             han) _ctx_add_model han_enc; _ctx_add_model han ;;
-            *) die "BASELINES: $v: expected context_aware, zhang2018 (both of zhang2018_enc, zhang2018_dec), han_enc or han" ;;
+            concat|doc2doc|doc2doc_mr|gtrans) _ctx_add_model "$v" ;;
+            *) die "BASELINES: $v: expected context_aware, zhang2018 (both of zhang2018_enc, zhang2018_dec), han_enc, han, concat, doc2doc, doc2doc_mr or gtrans" ;;
         esac
     done
     for v in "${VARIANT_LIST[@]}"; do
@@ -505,8 +534,21 @@ _ctx_add_model() {
 #   M_SELECTIVE (1: transformer_selective_doc, analysed as in Sec. 4.3).
 ctx_model_spec() {
     local name=$1 integ rest mode attn
-    M_INIT=sentence; M_TARGET=0; M_SELECTIVE=0; M_MODEL=()
+    M_INIT=sentence; M_TARGET=0; M_SELECTIVE=0; M_MODEL=(); M_GEN=(); M_FINETUNE=0; M_D2D=0
     case "$name" in
+        concat)  # Tiedemann & Scherrer (2017) 2-to-2: one previous sentence on each side,
+            # the stage-1 transformer fine-tuned (--finetune-from-model: the same
+            # architecture); translated with its own previous translations as target
+            # context; the pronoun suite and CXMI with the references (an oracle)
+            M_ARCH=transformer_concat; M_FINETUNE=1
+            M_TASK=(--task document_translation --concat-context --source-context-size 1
+                    --target-context-size 1)
+            M_GEN=(--own-target-context) ;;
+        doc2doc|doc2doc_mr|gtrans)  # issue 39: recipes/lib/steps_doc2doc.sh
+            d2d_spec "$name" "$D2D_MAX_TOKENS"
+            M_ARCH=$D2D_ARCH; M_TASK=("${D2D_TASK[@]}"); M_GEN=("${D2D_GEN[@]}")
+            M_MODEL=("${D2D_MODEL[@]}" --criterion label_smoothed_cross_entropy)
+            M_FINETUNE=1; M_D2D=1 ;;
         context_aware)  # Voita et al. (2018): one previous source sentence
             M_ARCH=transformer_context_aware
             M_TASK=(--task document_translation --source-context-size 1) ;;
@@ -653,7 +695,7 @@ ctx_contrapro_check() {
     CONTRAPRO_N=$((n_ctx / n_text))
     for m in "${DOC_MODELS[@]}"; do
         case "$m" in
-            context_aware) [ "$need" -ge 1 ] || need=1 ;;
+            context_aware|concat) [ "$need" -ge 1 ] || need=1 ;;
             zhang2018_*) [ "$need" -ge 2 ] || need=2 ;;
             han_enc|han) need=3 ;;
         esac
@@ -668,6 +710,9 @@ ctx_contrapro_check() {
 ctx_maruf_contrapro_applies() {
     [ -n "${CONTRAPRO:-}" ] || return 1
     case "$1" in
+        doc2doc|doc2doc_mr|gtrans)
+            log "$1: not scored on ContraPro (a segment model: ContraPro's context is not a segment of this pipeline's documents)"
+            return 1 ;;
         *-offline-*)
             log "$1: not scored on ContraPro (offline context reads following sentences; ContraPro gives previous ones)"
             return 1 ;;
@@ -707,6 +752,10 @@ ctx_maruf_report() {
         else
             ctx_model_spec "$m"
             label=$M_ARCH
+            if [ "$M_D2D" = 1 ]; then label="$(d2d_arch_label "$m"); translated with the sentence-count frame"; fi
+            if [ "$m" = concat ]; then
+                label="$label (2-to-2, from the sentence model): pronouns scored and CXMI measured with the references as target context (an oracle)"
+            fi
             if [ "$M_TARGET" = 1 ]; then
                 label="$label: iterative decoding (2 passes); pronouns scored and CXMI measured with the references as target context (an oracle)"
             fi
@@ -721,6 +770,7 @@ ctx_maruf_report() {
     ctx_write_if_changed "$WORK/results/table.json" ctx_results_table json "${specs[@]}"
     ctx_summary "$WORK/results/summary.md" "$WORK/results/table.md"
     ctx_write_if_changed "$WORK/results/complexity.md" _ctx_complexity_text "${logs[@]}"
+    d2d_maruf_table "${specs[@]}"
 }
 _ctx_maruf_table() {
     ctx_results_table md "$@" || return 1
@@ -790,6 +840,11 @@ ctx_maruf_pipeline() {
     step train_sentence ctx_train_sentence "$bin" "$WORK/checkpoints/sentence" "${SENT_TRAIN[@]}"
     for m in "${DOC_MODELS[@]}"; do
         ctx_model_spec "$m"
+        if [ "$M_FINETUNE" = 1 ]; then  # concat and the doc2doc rows (issue 39)
+            step "train_$m" ctx_maruf_finetune "$m" --arch "$M_ARCH" "${M_TASK[@]}" \
+                "${DOC_COMMON[@]}" "${M_MODEL[@]}"
+            continue
+        fi
         step "train_$m" ctx_maruf_train "$m" "$M_INIT" --arch "$M_ARCH" "${M_TASK[@]}" \
             "${M_MODEL[@]}" "${DOC_COMMON[@]}"
     done
@@ -805,9 +860,15 @@ ctx_maruf_pipeline() {
         ctx_model_spec "$m"
         gold=()
         partial=()
-        if [ "$M_TARGET" = 1 ]; then gold=(--gold-target-context); fi
+        if [ "$M_TARGET" = 1 ] || [ "$m" = concat ]; then gold=(--gold-target-context); fi
         if [ "$M_SELECTIVE" = 1 ]; then partial=(--allow-partial-document); fi
-        step "translate_$m" ctx_maruf_translate "$m" "$M_TARGET" "$BEAM" "${GEN[@]}" "${M_TASK[@]}"
+        if [ "$M_D2D" = 1 ]; then  # segments, the frame, split back into sentences
+            step "translate_$m" d2d_translate "$m" "$bin" "$WORK/checkpoints/$m" test \
+                --beam "$BEAM" "${GEN[@]}" "${M_TASK[@]}" "${M_GEN[@]}"
+        else
+            step "translate_$m" ctx_maruf_translate "$m" "$M_TARGET" "$BEAM" "${GEN[@]}" \
+                "${M_TASK[@]}" "${M_GEN[@]}"
+        fi
         step "bleu_$m" ctx_bleu_report "$m" "$bin/test.docids" "$WORK/tok/test.$t" \
             "$WORK/docs/test.$t" "$t" --detruecase
         step "paired_$m" ctx_paired "$m" "$WORK/tok/test.$t" "$bin/test.docids"
@@ -821,6 +882,16 @@ ctx_maruf_pipeline() {
                 "$N_ANALYSED"
         fi
     done
+    # issue 39: the per-segment d-BLEU of every model, on one segment map (only in a
+    # run with a doc2doc row: the other runs' steps and results are unchanged)
+    if d2d_any "${DOC_MODELS[@]}"; then
+        step "segmap_$D2D_MAX_TOKENS" d2d_segment_map "$bin" test "$D2D_MAX_TOKENS" \
+            "$WORK/segments/test.$D2D_MAX_TOKENS.segments"
+        for m in sentence "${DOC_MODELS[@]}"; do
+            step "segbleu_$m" ctx_maruf_segment_bleu "$m" \
+                "$WORK/segments/test.$D2D_MAX_TOKENS.segments" "$WORK/tok/test.$t" "$WORK/docs/test.$t"
+        done
+    fi
     ctx_maruf_report
     log "done: $WORK/results/summary.md"
     cat "$WORK/results/table.md"

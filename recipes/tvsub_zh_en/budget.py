@@ -10,7 +10,9 @@ model without its target-context prefix) and prints the number of updates
 that trains on ``TOKENS`` of them: ``ceil(TOKENS / (tokens / batches))``.
 The context counts in ``--max-tokens``, so a context model's batch holds
 fewer target tokens and it gets more updates: every model then sees the same
-number of target tokens, not the same number of updates. The sampled context
+number of target tokens, not the same number of updates. A ``--doc2doc``
+model's batches are of segments, each holding its sentences' target tokens
+(a multi-resolution epoch holds each sentence once per resolution). The sampled context
 size and the dropouts do not change the batches (they are built from the full
 context's cost). ``OUT_JSON`` records the numbers.
 """
@@ -49,8 +51,13 @@ def main(argv):
         seed=cfg.common.seed, num_shards=1, shard_id=0, num_workers=0, epoch=1,
         data_buffer_size=0, disable_iterator_cache=True)
     batches = list(itr.frozen_batches)
-    base = getattr(ds, "base", ds)
-    sizes = np.asarray(base.tgt_sizes, dtype=np.int64)
+    if hasattr(ds, "plan"):
+        # --doc2doc segments (SegmentDataset): a batch's indices are segments, whose
+        # target size is the sum of their sentences' (each </s> but the last a <sep>)
+        sizes = np.asarray(ds.tgt_sizes, dtype=np.int64)
+    else:
+        # a context model's dataset: indices are sentences of the base dataset
+        sizes = np.asarray(getattr(ds, "base", ds).tgt_sizes, dtype=np.int64)
     total = int(sum(int(sizes[np.asarray(b, dtype=np.int64)].sum()) for b in batches))
     per_batch = total / len(batches)
     updates = int(math.ceil(tokens / per_batch))

@@ -49,7 +49,10 @@ ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (contin
         "zhang2018": "transformer_doc_zhang2018 (encoder)", "han": "transformer_han (joint)",
         "han_enc": "transformer_han_enc (encoder)",
         "selective": "transformer_selective_doc (encoder, online, H-attention)",
-        "dc": "transformer_dc (sentence-level)", "hybrid": "transformer_hybrid (sentence-level)"}
+        "dc": "transformer_dc (sentence-level)", "hybrid": "transformer_hybrid (sentence-level)",
+        "doc2doc": "transformer, doc2doc greedy segments (Junczys-Dowmunt 2019)",
+        "doc2doc_mr": "transformer, multi-resolution doc2doc (Sun et al. 2022)",
+        "gtrans": "transformer_gtrans, G-Transformer (Bao et al. 2021)"}
 #: the tools whose exact command lines run.sh records (WORK/commands/NAME.TOOL.sh)
 TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode",
          "fairseq-generate.heldout", "ctx-iterative-decode.heldout", "ctx-cxmi",
@@ -171,6 +174,14 @@ def collect(work, mode, models):
         if doc:
             row["d_bleu_first_ref"] = doc["document_level"]["bleu"]
             row["d_bleu_signature"] = doc["document_level"]["signature"]
+        seg = _load(os.path.join(d, "segment_bleu.json"))
+        if seg:  # issue 39: the per-segment d-BLEU (the doc2doc rows' segment map)
+            row["d_bleu_segments_first_ref"] = seg["segment_level"]["bleu"]
+            row["segments"] = seg["segment_level"]["segments"]
+        split = _load(os.path.join(d, "doc2doc_split.json"))
+        if split:
+            row["doc2doc_split"] = {k: split.get(k) for k in (
+                "segments", "mismatched_segments", "doc2doc_max_tokens")}
         heldout_n = _lines(os.path.join(work, "docs", "heldout.docids"))
         if m in SENTENCE_LEVEL:
             row["cxmi"] = "no context"
@@ -573,6 +584,48 @@ def dp_lines(res):
     return lines
 
 
+def doc2doc_lines(res):
+    """Issue 39's table: every model's s-BLEU, d-BLEU per document and per segment,
+    the paired p and the dropped pronouns, where a run has per-segment d-BLEU."""
+    rows = [(m, r) for m, r in res["models"].items() if "d_bleu_segments_first_ref" in r]
+    if not rows:
+        return []
+    lines = ["", "## Documents as the unit of translation: s-BLEU, d-BLEU per document and per "
+             "segment", "",
+             "| model | architecture | s-BLEU (all refs) [p] | s-BLEU (first ref) "
+             "| d-BLEU documents (all refs) | d-BLEU documents (first ref) "
+             "| d-BLEU segments (first ref) | DP recall % | DP contrastive % true / shuffled "
+             "| segments (mismatched) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for m, r in rows:
+        pt = r.get("paired_test")
+        dp = r.get("dp") or {}
+        runs = r.get("contrastive") or {}
+
+        def acc(run):
+            g = ((runs.get(run) or {}).get("items")) or {}
+            return "-" if g.get("accuracy") is None else f"{100 * g['accuracy']:.1f}"
+        sp = r.get("doc2doc_split")
+        lines.append(
+            f"| {m} | {r['architecture']} | {_fmt(r.get('bleu_all_refs'))}"
+            + (f" [{_p(pt['p_sentences'])}]" if pt else "")
+            + f" | {_fmt(r.get('bleu_first_ref'))} | {_fmt(r.get('d_bleu_all_refs'))} "
+            f"| {_fmt(r.get('d_bleu_first_ref'))} | {_fmt(r.get('d_bleu_segments_first_ref'))} "
+            f"| {_pc(dp.get('recall'))} | {acc('true')} / {acc('shuffled')} "
+            f"| {'-' if not sp else str(sp['segments']) + ' (' + str(sp['mismatched_segments']) + ')'} |")
+    n = next((r.get("segments") for _, r in rows if r.get("segments")), None)
+    lines += ["", "s-BLEU: corpus BLEU over the sentences; d-BLEU documents: each episode's "
+              "sentences joined, corpus BLEU over the episodes; d-BLEU segments: the same over "
+              f"the greedy segments the doc2doc rows translate ({n} segments, "
+              "`segments/test.*.segments`, G-Transformer's d-BLEU), one map for every model "
+              "(ctx-doc-bleu --segments, the first reference, --tokenize none). The doc2doc rows "
+              "(doc2doc, doc2doc_mr, gtrans) translate segments with the sentence-count frame "
+              "(`--doc2doc-frame`), split back into sentences by ctx-doc2doc-split (mismatched: "
+              "segments with another number of sentences than their source; 0 under the frame). "
+              "p: paired bootstrap against `transformer` (above). DP: the dropped-pronoun "
+              "figures below."]
+    return lines
+
+
 def _checkpoint_lines(res):
     rows = [(m, r["checkpoint"]) for m, r in res["models"].items() if r.get("checkpoint")]
     if not rows:
@@ -712,6 +765,7 @@ def markdown(res):
         lines.append(f"Word level of `{m}`: the largest logged share of query token-heads whose "
                      f"Eq. 3 support exceeded --doc-word-capacity: {v:g} (0: the word level "
                      "was exact throughout training).")
+    lines += doc2doc_lines(res)
     lines += _pronoun_lines(res)
     lines += _cxmi_words_lines(res)
     lines += dp_lines(res)

@@ -41,14 +41,15 @@ updates per model from it), BEAM, SEED, TVSUB_URL, TVSUB_REF (a git revision),
 DEV_SRC, TEST_SRC, EVAL_SPLIT (auto|test|dev-episodes|dev), CONTEXT_DROPOUT, COWORD_DROPOUT,
 SAMPLE_CONTEXT (1: --sampled-context-size K), MEMORY_WINDOW (selective, with
 SAMPLE_CONTEXT: windows 0..K on its memory), HELDOUT (FIRST:END held-out
-episodes), HELDOUT_SENTS, UNTIL=data, TRAIN_EXTRA, GEN_EXTRA, PYTHON.
+episodes), HELDOUT_SENTS, UNTIL=data, D2D_MAX_TOKENS (the doc2doc rows' segments), TRAIN_EXTRA,
+GEN_EXTRA, PYTHON.
 (WORD_CAPACITY, selective's removed word-level capacity: an error.)"
 
 # the settings given in the environment, before any default is filled in
 _ENV_SETTINGS=(MODELS EPISODES SMOKE_EPISODES BPE_MERGES MAX_TOKENS GEN_MAX_TOKENS SENT_UPDATES
                DOC_UPDATES DOC_TOKENS BEAM SEED TVSUB_URL TVSUB_REF DEV_SRC TEST_SRC EVAL_SPLIT
                CONTEXT_DROPOUT COWORD_DROPOUT SAMPLE_CONTEXT MEMORY_WINDOW HELDOUT HELDOUT_SENTS
-               WORD_CAPACITY TRAIN_EXTRA GEN_EXTRA UNTIL PYTHON OMP_NUM_THREADS)
+               WORD_CAPACITY TRAIN_EXTRA GEN_EXTRA UNTIL PYTHON OMP_NUM_THREADS D2D_MAX_TOKENS)
 declare -A _ENV_GIVEN=()
 for _v in "${_ENV_SETTINGS[@]}"; do
     if [ -n "${!_v+x}" ]; then _ENV_GIVEN[$_v]=${!_v}; fi
@@ -140,6 +141,7 @@ case $MODE in
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
+        D2D_MAX_TOKENS=${D2D_MAX_TOKENS:-96}
         MODELS=${MODELS-transformer concat context_aware zhang2018 han han_enc selective dc hybrid} ;;
     study)
         # README.md, 'CPU study': sized by measurement to under two hours on one core
@@ -172,6 +174,7 @@ case $MODE in
         BEAM=${BEAM:-1}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         FP16=()
+        D2D_MAX_TOKENS=${D2D_MAX_TOKENS:-512}
         MODELS=${MODELS-transformer context_aware zhang2018 selective} ;;
     gpu)
         EPISODES=${EPISODES:-0:}
@@ -187,6 +190,7 @@ case $MODE in
         GEN_LEN=()
         FP16=()
         if [ ${#CPU[@]} -eq 0 ]; then FP16=(--fp16); fi
+        D2D_MAX_TOKENS=${D2D_MAX_TOKENS:-512}
         MODELS=${MODELS-transformer concat context_aware zhang2018 han han_enc selective dc hybrid} ;;
 esac
 read -r -a MODEL_LIST <<< "$MODELS"
@@ -224,8 +228,20 @@ GEN=(--max-tokens "${GEN_MAX_TOKENS:-8000}" --num-workers 0 "${GEN_LEN[@]}")
 tvsub_model_spec() {
     M_TASK=(--task document_translation); M_MODEL=(); M_GEN=(); M_ITER=0; M_CXMI=1
     M_INIT="init-from"; M_CRIT=(--criterion label_smoothed_cross_entropy_ctx)
-    M_TRAIN=(); M_K=0
+    M_TRAIN=(); M_K=0; M_D2D=0
     case "$1" in
+        doc2doc|doc2doc_mr|gtrans)
+            # issue 39 (recipes/lib/steps_doc2doc.sh): segments of D2D_MAX_TOKENS, the
+            # stage-1 transformer fine-tuned, translated with the sentence-count frame
+            # and split back into sentences; no CoWord dropout or sampled context size
+            # (the doc2doc task refuses them: G-Transformer has its word dropout)
+            d2d_spec "$1" "$D2D_MAX_TOKENS"
+            M_ARCH=$D2D_ARCH; M_TASK=("${D2D_TASK[@]}"); M_GEN=("${D2D_GEN[@]}")
+            M_MODEL=("${D2D_MODEL[@]}"); M_INIT=finetune; M_D2D=1
+            # --lr-scale-pretrained with --fp16: fairseq's flattened fp32 copy is one
+            # group; one copy per parameter keeps the groups (ctx_fairseq/optim/lr_scale.py)
+            if [ "$1" = gtrans ] && [ ${#FP16[@]} -gt 0 ]; then M_MODEL+=(--fp16-no-flatten-grads); fi
+            M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
         transformer)  # the stage-1 transformer trained on for the same budget
             M_ARCH=transformer; M_TASK=(--task translation); M_INIT=finetune; M_CXMI=0
             M_CRIT=(--criterion label_smoothed_cross_entropy)
@@ -273,8 +289,9 @@ tvsub_model_spec() {
         hybrid)  # Xu et al. (ACL 2019): sentence-level hybrid local/global, likewise
             M_ARCH=transformer_hybrid; M_TASK+=(--source-context-size 0); M_CXMI=0
             M_CRIT=(--criterion label_smoothed_cross_entropy) ;;
-        *) die "MODELS: unknown model $1 (expected transformer, concat, context_aware, zhang2018, han, han_enc, selective, dc, hybrid)" ;;
+        *) die "MODELS: unknown model $1 (expected transformer, concat, context_aware, zhang2018, han, han_enc, selective, dc, hybrid, doc2doc, doc2doc_mr, gtrans)" ;;
     esac
+    [ "$M_D2D" = 0 ] || return 0
     if [ "$M_CXMI" = 1 ]; then  # a context model: its training's dropouts (not generation's)
         if [ -n "$CONTEXT_DROPOUT" ]; then M_TRAIN+=(--context-dropout "$CONTEXT_DROPOUT"); fi
         if [ -n "$SAMPLE_CONTEXT" ] && [ "$M_K" -gt 0 ]; then  # (a memory: its windows)
@@ -504,6 +521,30 @@ translate_model() {
     ctx_maruf_translate "$name" "$iter" "$beam" "$@"  # as the Maruf pipeline translates
 }
 
+# translate_d2d NAME BEAM ARGS... / translate_heldout_d2d NAME BEAM ARGS...: a doc2doc
+# row's test (held-out) split on segments with the frame, split back into sentences
+# (d2d_translate) to $WORK/generate/NAME.txt (NAME.heldout.txt), as translate_model
+# and translate_heldout write them
+translate_d2d() {
+    local name=$1 beam=$2
+    shift 2
+    d2d_translate "$name" "$WORK/data-bin" "$WORK/checkpoints/$name" test --beam "$beam" "$@"
+}
+translate_heldout_d2d() {
+    local name=$1 beam=$2
+    shift 2
+    d2d_translate "$name.heldout" "$WORK/data-heldout" "$WORK/checkpoints/$name" test \
+        --beam "$beam" "$@"
+}
+
+# segbleu_model NAME MAP: the per-segment d-BLEU of NAME's test translation on MAP
+# (the greedy segments at D2D_MAX_TOKENS; d2d_segment_bleu), against the first
+# reference as doc_bleu (--tokenize none), into results/NAME/segment_bleu.*
+segbleu_model() {
+    d2d_segment_bleu "$1" "$2" "$WORK/docs/test.docids" segment_bleu \
+        --refs "$WORK/docs/test.ref0.$L2" --hypotheses H --tokenize none
+}
+
 # score_model NAME: BLEU with every reference and the first (sentence and
 # document level, prep_tvsub score) and ctx-doc-bleu's report (first reference)
 score_model() {
@@ -691,18 +732,37 @@ for m in "${MODEL_LIST[@]}"; do
     tvsub_model_spec "$m"
     step "train_$m" train_model "$m" "$M_INIT" "$BUDGET" --arch "$M_ARCH" "${M_TASK[@]}" \
         "${M_TRAIN[@]}" "${M_MODEL[@]}" "${M_CRIT[@]}" "${DOC_COMMON[@]}"
-    step "translate_$m" translate_model "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
+    if [ "$M_D2D" = 1 ]; then
+        step "translate_$m" translate_d2d "$m" "$BEAM" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
+    else
+        step "translate_$m" translate_model "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" "${M_GEN[@]}" "${GEN[@]}"
+    fi
     step "score_$m" score_model "$m"
     if [ -n "$HELDOUT" ]; then
-        step "translate_heldout_$m" translate_heldout "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" \
-            "${M_GEN[@]}" "${GEN[@]}"
+        if [ "$M_D2D" = 1 ]; then
+            step "translate_heldout_$m" translate_heldout_d2d "$m" "$BEAM" "${M_TASK[@]}" \
+                "${M_GEN[@]}" "${GEN[@]}"
+        else
+            step "translate_heldout_$m" translate_heldout "$m" "$M_ITER" "$BEAM" "${M_TASK[@]}" \
+                "${M_GEN[@]}" "${GEN[@]}"
+        fi
         step "score_heldout_$m" score_heldout "$m"
     fi
     if [ "$M_CXMI" = 1 ]; then
         step "cxmi_$m" cxmi_model "$m" "$MAX_TOKENS"
-        step "gate_$m" gate_model "$m" "${M_TASK[@]}"
+        # (a doc2doc row has no context gate to read)
+        [ "$M_D2D" = 1 ] || step "gate_$m" gate_model "$m" "${M_TASK[@]}"
     fi
 done
+# issue 39: the per-segment d-BLEU of every model on one map (only in a run with a
+# doc2doc row: the other runs' steps and results are unchanged)
+if d2d_any "${MODEL_LIST[@]}"; then
+    step "segmap_$D2D_MAX_TOKENS" d2d_segment_map "$WORK/data-bin" test "$D2D_MAX_TOKENS" \
+        "$WORK/segments/test.$D2D_MAX_TOKENS.segments"
+    for m in sentence "${MODEL_LIST[@]}"; do
+        step "segbleu_$m" segbleu_model "$m" "$WORK/segments/test.$D2D_MAX_TOKENS.segments"
+    done
+fi
 # BLEU against the transformer (the sentence-level model of the same stage-2
 # budget), paired bootstrap, for every other model
 if [[ " ${MODEL_LIST[*]} " == *" transformer "* ]]; then
