@@ -344,6 +344,10 @@ class ContrastiveScorer:
                 k = c if c < len(ex.candidates) else 0  # same document structure in every rank
                 if self.context:
                     s_ctx, t_ctx = ex.context(k)
+                    if self.segments and s_ctx and t_ctx is None:
+                        raise ContextUnavailable(
+                            f"{ex.where}: candidate {k} has no target-side context; a segment "
+                            "model's target holds the context sentences' translations")
                     if t_ctx is not None and len(t_ctx) != len(s_ctx):
                         raise ValueError(f"{ex.where}: candidate {k} has {len(t_ctx)} target "
                                          f"context sentences for {len(s_ctx)} source ones")
