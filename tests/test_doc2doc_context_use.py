@@ -285,6 +285,13 @@ def test_refusals(segment_ckpt, loaded, toy_bin, toy_corpus, tmp_path):
     suite.target_context = False
     with pytest.raises(C.ContextUnavailable, match="gives no target-side context"):
         scorer.check_context(suite)
+    one = SuiteOptions(fmt="voita").read(voita)
+    ex = next(e for e in one.examples if e.src_context)
+    ex.tgt_context = None
+    for cand in ex.candidates:
+        cand.tgt_context = None
+    with pytest.raises(C.ContextUnavailable, match="no target-side context"):
+        scorer.rank_datasets(one)
     with pytest.raises(InputError, match="generative accuracy"):
         scorer.rank_datasets(SuiteOptions(fmt="voita").read(voita), generation=True)
     with pytest.raises(InputError, match="window bounds a document memory"):
