@@ -576,7 +576,8 @@ def _distribution_notes(result, n_size, trained_k, trained_dropout) -> List[str]
 def _segment_notes(task, n_size, cut: int) -> List[str]:
     """Where a segment model's conditions are out of its training
     distribution."""
-    mode = str(task.cfg.doc2doc)
+    spec = task_options(task) or sentence_level()
+    mode = str(spec.doc2doc)
     notes = []
     if mode == "greedy":
         notes.append("none: trained on greedy segments (--doc2doc greedy), the model saw a "
@@ -585,7 +586,7 @@ def _segment_notes(task, n_size, cut: int) -> List[str]:
                      "multires, has one-sentence chunks)")
     if n_size is not None:
         notes.append(f"context size {n_size}: at most {n_size} previous sentence(s) per "
-                     f"segment, within --doc2doc-max-tokens {task.cfg.doc2doc_max_tokens} "
+                     f"segment, within --doc2doc-max-tokens {spec.doc2doc_max_tokens} "
                      f"({cut} sentence(s) got fewer: the segment would have been longer)")
     return notes
 

@@ -55,6 +55,7 @@ from fairseq.data import FairseqDataset, data_utils
 from fairseq.data.language_pair_dataset import collate as pair_collate
 
 from ctx_fairseq.data.conditions import ContextCondition
+from ctx_fairseq.data.contract import task_options
 from ctx_fairseq.errors import InputError
 
 __all__ = ["is_segment_model", "SegmentContextDataset", "segment_condition_dataset",
@@ -63,16 +64,13 @@ __all__ = ["is_segment_model", "SegmentContextDataset", "segment_condition_datas
 
 def is_segment_model(task) -> bool:
     """Whether ``task`` translates segments (``--doc2doc greedy|multires``)."""
-    spec = getattr(task, "context_spec", None)
-    mode = getattr(spec, "doc2doc", None) if spec is not None else None
-    if mode is None:
-        mode = getattr(getattr(task, "cfg", None), "doc2doc", "none")
-    return str(mode or "none") != "none"
+    spec = task_options(task)
+    return str(getattr(spec, "doc2doc", None) or "none") != "none"
 
 
 def describe(task) -> str:
     """One line: how a segment model is given its context."""
-    c = task.cfg
+    c = task_options(task)
     return (f"doc2doc segments (--doc2doc {c.doc2doc}): each sentence scored as the last "
             f"sentence of a segment of its previous sentences (at most "
             f"--doc2doc-max-tokens {c.doc2doc_max_tokens} tokens, joined by "
@@ -273,12 +271,14 @@ def segment_dataset_for(task, base, doc_ids: Sequence[str], docids_path: str,
                          "ctx-score-contrastive and ctx-cxmi; generative accuracy (decoding "
                          "the last sentence after a forced context prefix) is not supported "
                          "for it")
-    c = task.cfg
+    c = task_options(task)
+    if c is None or c.doc2doc_separator is None:
+        raise InputError("not a segment model: its task has no --doc2doc")
     sep = c.doc2doc_separator
     src_sep, tgt_sep = task.source_dictionary.index(sep), task.target_dictionary.index(sep)
     if src_sep == task.source_dictionary.unk() or tgt_sep == task.target_dictionary.unk():
         raise InputError(f"--doc2doc-separator {sep!r} is not in the checkpoint's dictionaries")
-    seed = int(getattr(getattr(task, "context_spec", None), "seed", getattr(c, "seed", 1)) or 1)
+    seed = int(getattr(c, "seed", 1) or 1)
     return SegmentContextDataset(base, doc_ids, src_sep, tgt_sep, int(c.doc2doc_max_tokens),
                                  condition or ContextCondition("true"), seed=seed,
                                  docids_path=docids_path)

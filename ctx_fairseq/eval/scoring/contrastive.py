@@ -429,7 +429,7 @@ class ContrastiveScorer:
         if cut:
             self.notes.append(f"{len(cut)} example(s) had context sentences left out: the "
                               f"segment would have been longer than --doc2doc-max-tokens "
-                              f"{self.task.cfg.doc2doc_max_tokens} (the nearest kept)")
+                              f"{self.spec.doc2doc_max_tokens} (the nearest kept)")
         for ex, s in zip(suite.examples, scores):
             if not all(np.isfinite(s)):
                 raise RuntimeError(f"{ex.where}: a candidate was not scored or scored {s}; "
