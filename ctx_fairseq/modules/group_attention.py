@@ -32,8 +32,10 @@ also masks ``s > t``) and the decoder's cross-attention (``G_Q = G_Y``,
 transformer's weights load unchanged) with its own forward: the boolean mask
 ``allowed`` (``B x T x S``, True = the key takes part; :func:`self_group_mask`,
 :func:`cross_group_mask`) is broadcast over the heads and applied as
-``masked_fill(-inf)`` before the softmax, or handed to
-``F.scaled_dot_product_attention`` when no weights are asked for. The mask
+``masked_fill(-inf)`` before the softmax, or, when no weights are asked for,
+handed to ``F.scaled_dot_product_attention`` in its additive form (0 / -inf,
+made once per pass and dtype and shared by the layers, :class:`GroupMask`: a
+boolean mask would be converted in every call). The mask
 subsumes fairseq's key padding mask and future mask, which the module
 therefore ignores.
 
@@ -102,6 +104,7 @@ from fairseq.modules import MultiheadAttention
 __all__ = [
     "GroupAttention",
     "GatedGroupAttention",
+    "GroupMask",
     "GroupTagState",
     "attached_masks",
     "cross_group_mask",
@@ -170,15 +173,37 @@ def word_dropout(tokens: Tensor, p: float, unk: int, nspecial: int, sep: int) ->
     return tokens.masked_fill(drop & ~keep, unk)
 
 
+class GroupMask:
+    """One pass's mask, shared by the attentions it is attached to:
+    ``allowed`` (``B x T x S`` bool) and, made once per dtype, its additive
+    form (``B x 1 x T x S``, 0 / -inf) that ``F.scaled_dot_product_attention``
+    takes without converting a boolean mask in every layer."""
+
+    def __init__(self, allowed: Tensor):
+        self.allowed = allowed
+        self._additive: Dict[torch.dtype, Tensor] = {}
+
+    def additive(self, dtype: torch.dtype) -> Tensor:
+        out = self._additive.get(dtype)
+        if out is None:
+            zeros = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
+            out = zeros.masked_fill(~self.allowed, float("-inf")).unsqueeze(1)
+            self._additive[dtype] = out
+        return out
+
+
 @contextmanager
 def attached_masks(pairs: Iterable[Tuple[Optional[nn.Module], Tensor]]):
     """Attach each ``(attention, allowed)`` mask for the block (a ``None``
-    attention is skipped) and detach them after, also on error."""
-    attached = []
+    attention is skipped; the attentions given the same ``allowed`` tensor
+    share one :class:`GroupMask`) and detach them after, also on error."""
+    attached, shared = [], {}
     try:
         for module, mask in pairs:
             if module is not None:
-                module.group_mask = mask
+                if id(mask) not in shared:
+                    shared[id(mask)] = (mask, GroupMask(mask))
+                module.group_mask = shared[id(mask)][1]
                 attached.append(module)
         yield
     finally:
@@ -204,7 +229,18 @@ class GroupAttention(MultiheadAttention):
         if self.bias_k is not None or self.add_zero_attn or self.use_xformers:
             raise ValueError("GroupAttention: add_bias_kv, add_zero_attn and xformers "
                              "attention are not supported")
-        self.group_mask: Optional[Tensor] = None
+        self.group_mask = None
+
+    @property
+    def group_mask(self) -> Optional[GroupMask]:
+        """The attached mask (a boolean ``B x T x S`` tensor set here is
+        wrapped in a :class:`GroupMask`); None outside a pass."""
+        return self._group_mask
+
+    @group_mask.setter
+    def group_mask(self, mask) -> None:
+        self._group_mask = mask if mask is None or isinstance(mask, GroupMask) \
+            else GroupMask(mask)
 
     def set_beam_size(self, beam_size):
         """Keys are kept per hypothesis (the mask is per query row): fairseq's
@@ -242,10 +278,11 @@ class GroupAttention(MultiheadAttention):
                 need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """fairseq's signature; ``key_padding_mask`` and ``attn_mask`` are
         subsumed by the attached group mask (module docstring)."""
-        allowed = self.group_mask
-        if allowed is None:
+        group = self.group_mask
+        if group is None:
             raise RuntimeError("GroupAttention called without a group mask: it runs inside "
                                "the transformer_gtrans encoder/decoder (attached_masks)")
+        allowed = group.allowed
         if before_softmax:
             raise NotImplementedError("GroupAttention: before_softmax is not supported")
         tgt_len, bsz, embed_dim = query.shape
@@ -254,11 +291,11 @@ class GroupAttention(MultiheadAttention):
         if tuple(allowed.shape) != (bsz, tgt_len, k.size(2)):
             raise RuntimeError(f"GroupAttention: group mask {tuple(allowed.shape)} for "
                                f"{bsz} x {tgt_len} queries and {k.size(2)} keys")
-        mask = allowed.unsqueeze(1)  # B x 1 x T x S, broadcast over the heads
         weights: Optional[Tensor] = None
         if need_weights or need_head_weights:
             energy = torch.matmul(q * self.scaling, k.transpose(2, 3))
-            energy = energy.masked_fill(~mask, float("-inf"))
+            # B x 1 x T x S, broadcast over the heads
+            energy = energy.masked_fill(~allowed.unsqueeze(1), float("-inf"))
             # half precision: the softmax in float32, as fairseq's (utils.softmax)
             probs = torch.softmax(energy, dim=-1, dtype=_softmax_dtype(energy)).type_as(energy)
             out = torch.matmul(self.dropout_module(probs), v)
@@ -266,8 +303,8 @@ class GroupAttention(MultiheadAttention):
         else:
             drop = self.training or self.dropout_module.apply_during_inference
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout_module.p if drop else 0.0,
-                scale=self.scaling)
+                q, k, v, attn_mask=group.additive(q.dtype),
+                dropout_p=self.dropout_module.p if drop else 0.0, scale=self.scaling)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out), weights
 
