@@ -28,7 +28,9 @@ interleaved over ``--repeats`` rounds (the median). The masks are built once
 per batch outside the timed part (the model builds them once per pass for all
 its layers); their build time is reported apart (``mask_ms``). The ratio
 group / plain is issue 39's target (at most 1.10 for ``self``, ``causal`` and
-``cross``).
+``cross``). ``--device cuda`` runs it on the GPU (synchronised timing),
+``--fp16`` with both modules and their inputs in half precision (fairseq's
+``--fp16`` model).
 
 ``--decode-bench``: fairseq's ``SequenceGenerator`` (beam ``--beam``) on
 ``--decode-segments`` segments of the training bench's layout, for each
@@ -67,21 +69,28 @@ ATTENTION_KINDS = ("self", "causal", "cross")
 DEFAULT_SEGMENT_ARCHS = "transformer,transformer_gtrans"
 
 
+def _sync():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _time(fn, n: int) -> float:
-    """Seconds per call of ``fn`` over ``n`` calls."""
+    """Seconds per call of ``fn`` over ``n`` calls (CUDA: synchronised)."""
+    _sync()
     start = time.perf_counter()
     for _ in range(n):
         fn()
+    _sync()
     return (time.perf_counter() - start) / n
 
 
-def _segment_tags(bsz: int, length: int, sentence: int) -> torch.Tensor:
+def _segment_tags(bsz: int, length: int, sentence: int, device="cpu") -> torch.Tensor:
     """Group tags of ``bsz`` segments of ``length`` tokens whose sentences have
     ``sentence`` tokens (the last may be shorter), as ``source_group_tags``
     gives them (the separator in the group it ends)."""
     from ctx_fairseq.modules.group_attention import source_group_tags
 
-    tokens = torch.full((bsz, length), 5, dtype=torch.long)
+    tokens = torch.full((bsz, length), 5, dtype=torch.long, device=device)
     tokens[:, sentence - 1::sentence] = 4  # the separator's index here
     tokens[:, -1] = 2
     return source_group_tags(tokens, sep=4, pad=1)
@@ -100,6 +109,8 @@ def _pair(kind: str, length: int, args):
     )
 
     e, h = args.embed_dim, args.heads
+    # the precision the model trains in: fp32, or fairseq's --fp16 half model (CUDA)
+    dev, dtype = torch.device(args.device), torch.float16 if args.fp16 else torch.float32
     bsz = max(1, args.max_tokens // length)
     cross = kind == "cross"
     kw = dict(encoder_decoder_attention=True) if cross else dict(self_attention=True)
@@ -107,9 +118,10 @@ def _pair(kind: str, length: int, args):
     plain = MultiheadAttention(e, h, dropout=0.0, **kw)
     plain.load_state_dict({k: v for k, v in group.state_dict().items()
                            if not k.startswith(("global_attn.", "gate."))})
-    x = torch.randn(length, bsz, e, requires_grad=True)
-    mem = torch.randn(length, bsz, e, requires_grad=True) if cross else x
-    tags = _segment_tags(bsz, length, args.tgt_len)
+    group, plain = group.to(dev, dtype), plain.to(dev, dtype)
+    x = torch.randn(length, bsz, e, device=dev, dtype=dtype, requires_grad=True)
+    mem = torch.randn(length, bsz, e, device=dev, dtype=dtype, requires_grad=True) if cross else x
+    tags = _segment_tags(bsz, length, args.tgt_len, dev)
     causal = kind in ("causal", "gated")
 
     def build_mask():
@@ -118,8 +130,9 @@ def _pair(kind: str, length: int, args):
         return self_group_mask(tags, causal=causal)
 
     group.group_mask = build_mask()
-    future = utils.fill_with_neg_inf(torch.zeros(length, length)).triu(1) if causal else None
-    padding = torch.zeros(bsz, length, dtype=torch.bool) if cross else None
+    future = (utils.fill_with_neg_inf(torch.zeros(length, length, device=dev)).triu(1).to(dtype)
+              if causal else None)
+    padding = torch.zeros(bsz, length, dtype=torch.bool, device=dev) if cross else None
 
     def group_call():
         return group(x, mem, mem, need_weights=False, static_kv=cross)[0]
@@ -194,6 +207,8 @@ def _decode_runs(bench, spec: str, framed_too: bool):
     torch.manual_seed(a.seed)
     model, task, margs = bench.build(arch, extra)
     model.eval()
+    if a.fp16:  # as fairseq-generate --fp16
+        model.half()
     sample = bench.sample(model, task, margs, a.seed)
     ni = sample["net_input"]
     n = a.decode_segments if framed_too else a.decode_segments * sentences_per_segment(
