@@ -53,6 +53,9 @@ host-bound). ``--dry-run`` checks every argument and builds every model and the
 batch it would be measured on (the task's batching, the concatenation and
 memory checks) on the CPU, whatever ``--device``/``--fp16`` say, and runs
 nothing: it takes a GPU run's exact arguments (``scripts/gpu_check.sh``).
+``--segment-tokens`` (issue 39): doc2doc segments against sentences on the same tokens,
+``--attention-bench``, ``--decode-bench`` (:mod:`ctx_fairseq.cli.bench_doc2doc`,
+:mod:`ctx_fairseq.cli.bench_attention`).
 
 Each ratio is arch / baseline measured in the same run (median over repeats).
 Architectures are fairseq architecture names; ``ARCH[--opt value --flag]``
