@@ -115,15 +115,15 @@ def _check_d2d_outputs(work, name, docids, seg_map):
 
 @pytest.mark.slow
 def test_tvsub_doc2doc_rows_end_to_end(tmp_path):
-    """TVsub smoke (tiny episodes, 3 references, a +DP source): transformer,
-    concat and the three doc2doc rows in one table with s-BLEU, d-BLEU per
+    """TVsub smoke (tiny episodes, 3 references, a +DP source, an equal
+    target-token budget): transformer, concat and the three doc2doc rows in one table with s-BLEU, d-BLEU per
     document and per segment, paired p-values and the dropped-pronoun figures;
     multi-resolution's training log has its resolutions; G-Transformer's
     pretrained parameters at 0.2x; a re-run skips every step."""
     root = write_tvsub(str(tmp_path / "tvsub"), episodes=12, dp=True)
     work = tmp_path / "w"
     env = {"MODELS": "transformer concat doc2doc doc2doc_mr gtrans", "SENT_UPDATES": "30",
-           "DOC_UPDATES": "4"}
+           "DOC_TOKENS": "2500"}
     r = _run(TVSUB, ["--smoke", "--raw", root, "--workdir", str(work)], env=env)
     assert r.returncode == 0, r.stderr[-6000:]
     smoke = work / "smoke"
@@ -145,6 +145,9 @@ def test_tvsub_doc2doc_rows_end_to_end(tmp_path):
         assert res["models"][m]["doc2doc_split"]["mismatched_segments"] == 0
         assert "--doc2doc-frame" in res["models"][m]["commands"]["fairseq-generate"]
         assert "--finetune-from-model" in res["models"][m]["train_options"]
+        # the equal target-token budget counts a segment's target tokens
+        budget = res["models"][m]["budget"]
+        assert budget["updates"] >= 1 and budget["target_tokens_planned"] >= 2500, budget
     assert "--lr-scale-pretrained 0.2" in res["models"]["gtrans"]["train_options"]
     assert "--doc2doc multires" in res["models"]["doc2doc_mr"]["train_options"]
     log = (smoke / "logs" / "train-doc2doc_mr.log").read_text()

@@ -99,16 +99,16 @@ d2d_translate() {
         tail -n 30 "$log" >&2
         die "fairseq-generate ($name, segments) failed; its log: $log"
     fi
+    # (written where the later steps read them, so that the report names them; a
+    # failed or killed split leaves no marker and the step writes them again)
     rm -f "$out.txt" "$out.txt.segments"
     if ! ctx-doc2doc-split "$out.segments.txt" --data "$data" --split "$split" --path "$ckpt" \
-            --output "$out.txt.part" --report "$WORK/results/$name/doc2doc_split.json" \
+            --output "$out.txt" --report "$WORK/results/$name/doc2doc_split.json" \
             >> "$log" 2>&1; then
-        rm -f "$out.txt.part" "$out.txt.part.segments"
+        rm -f "$out.txt" "$out.txt.segments"
         tail -n 5 "$log" >&2
         die "ctx-doc2doc-split ($name) failed (mismatched sentence counts are listed in $WORK/results/$name/doc2doc_split.json); its log: $log"
     fi
-    mv "$out.txt.part.segments" "$out.txt.segments"
-    mv "$out.txt.part" "$out.txt"
 }
 
 # d2d_segment_map DATA SPLIT MAX_TOKENS OUT: the greedy segments of SPLIT at
