@@ -33,8 +33,12 @@ def no_profiler(monkeypatch):
     monkeypatch.setattr(bench.Bench, "peak_memory_mb", fake)
 
 
-def test_segments_against_sentences_on_the_same_tokens(capsys, no_profiler):
+def test_segments_against_sentences_on_the_same_tokens(capsys, no_profiler, tmp_path):
     report = run_json(capsys, ["--segment-tokens", "32", *TINY])
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    bench.cli_main(["--from-json", str(tmp_path / "r.json"), "--markdown"])
+    table = capsys.readouterr().out
+    assert "| 32 | `transformer_gtrans (segments)` |" in table and "step vs doc2doc" in table
     (point,) = report["segments"]
     assert point["segment_tokens"] == 32
     sent, doc, gtrans = point["results"]
@@ -125,7 +129,7 @@ def test_attention_pair_computes_the_same_on_one_sentence():
             torch.testing.assert_close(gcall(), pcall(), rtol=1e-5, atol=1e-5)
 
 
-def test_decode_bench_with_and_without_the_frame(capsys):
+def test_decode_bench_with_and_without_the_frame(capsys, tmp_path):
     report = run_json(capsys, ["--segment-tokens", "32", "--decode-bench", "--beam", "2",
                                "--decode-segments", "1", *TINY])
     assert report["beam"] == 2
@@ -140,6 +144,10 @@ def test_decode_bench_with_and_without_the_frame(capsys):
     assert all(r["output_lengths"] == [32] and r["output_tokens"] == 32 for r in rows[1:])
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[2]["frame_vs_no_frame"] > 0 and rows[4]["frame_vs_no_frame"] > 0
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(report))
+    bench.cli_main(["--from-json", str(path)])
+    assert "frame / no frame" in capsys.readouterr().out
 
 
 def test_gtrans_alone_is_measured_on_segments(capsys):

@@ -9,8 +9,25 @@ __all__ = ["format_markdown", "format_table", "format_dry_run", "sweep_summary",
            "format_sweep"]
 
 
+def _segment_modes(report: Dict, markdown: bool):
+    """The report of a segment mode (issue 39: ``--segment-tokens``,
+    ``--attention-bench``, ``--decode-bench``) formatted, or None."""
+    if "segments" in report:
+        from ctx_fairseq.cli.bench_doc2doc import format_segments
+
+        return format_segments(report, markdown)
+    if "attention_bench" in report or "decode_bench" in report:
+        from ctx_fairseq.cli import bench_attention as ba
+
+        fmt = ba.format_attention if "attention_bench" in report else ba.format_decode
+        return fmt(report, markdown)
+    return None
+
+
 def format_markdown(report: Dict) -> str:
     """The results as a Markdown table (for BENCHMARKS.md)."""
+    if _segment_modes(report, True) is not None:
+        return _segment_modes(report, True)
     if report.get("sweep"):
         return format_sweep(report, markdown=True)
     if report.get("dry_run"):
@@ -76,6 +93,8 @@ def _columns(head: List[str], rows: List[List[str]]) -> List[str]:
 
 
 def format_table(report: Dict) -> str:
+    if _segment_modes(report, False) is not None:
+        return _segment_modes(report, False)
     if report.get("sweep"):
         return format_sweep(report)
     if report.get("dry_run"):
