@@ -317,6 +317,22 @@ def test_doc2doc_trains_and_generates_segments(doc2doc_run, toy_bin):
     assert any("<sep>" in s for s in out.sources)
 
 
+def test_generation_without_the_frame_is_not_cut_silently(doc2doc_run, toy_bin, caplog):
+    """fairseq's default output cap (200 tokens) below --doc2doc-max-tokens
+    is refused; a segment that reaches a given cap is warned about, counted."""
+    import logging
+
+    ckpt, _ = doc2doc_run
+    base = [toy_bin, "--path", ckpt, *D2D, "--doc2doc-max-tokens", "60", "--beam", "1",
+            "--max-tokens", "500", "--gen-subset", "test", "--num-workers", "0"]
+    with pytest.raises(InputError, match=r"--max-len-b 59 would cut the translation of a "
+                                         r"segment of --doc2doc-max-tokens 60"):
+        generate([*base, "--max-len-b", "59"])
+    with caplog.at_level(logging.WARNING):
+        generate([*base, "--max-len-a", "0.1", "--max-len-b", "55"])
+    assert "reached the maximum output length" in caplog.text
+
+
 def _sizes(data, split):
     from fairseq.data import data_utils
 

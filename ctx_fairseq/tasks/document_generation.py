@@ -130,7 +130,10 @@ class DocumentGenerationMixin:
         (``--score-reference``) is left as it is."""
         opts = frame_options(self.cfg, models)
         if opts is None or type(generator).__name__ == "SequenceScorer":
-            return self._inference_step(generator, models, sample, prefix_tokens, constraints)
+            hypos = self._inference_step(generator, models, sample, prefix_tokens, constraints)
+            if self.context_spec.doc2doc != "none" and type(generator).__name__ != "SequenceScorer":
+                self._count_cut_segments(generator, sample, hypos)
+            return hypos
         if prefix_tokens is not None or constraints is not None:
             raise InputError("--prefix-size and --constraints cannot be combined with the "
                              "sentence-count frame")
@@ -140,6 +143,26 @@ class DocumentGenerationMixin:
                            src_pad=self.source_dictionary.pad(),
                            src_eos=self.source_dictionary.eos(), describe=self._describe_segment):
             return self._inference_step(generator, models, sample, None, None)
+
+    def _count_cut_segments(self, generator, sample, hypos) -> None:
+        """doc2doc without the frame: a segment whose best hypothesis reached
+        the generator's maximum length (fairseq's ``--max-len-a`` /
+        ``--max-len-b``, on the batch's longest source) was cut there; each
+        batch with such segments is warned about, with the count and the
+        running total (the split is then scored on cut translations)."""
+        src_len = int(sample["net_input"]["src_tokens"].size(1))
+        limit = min(int(generator.max_len_a * src_len + generator.max_len_b),
+                    int(getattr(generator, "max_len", 1 << 30)) - 1)
+        cut = sum(1 for h in hypos if h and int(h[0]["tokens"].numel()) > limit)
+        seen = self.__dict__.setdefault("_segments_cut", [0, 0])
+        seen[0] += cut
+        seen[1] += len(hypos)
+        if cut:
+            logger.warning(
+                f"doc2doc without the sentence-count frame: {cut} of {len(hypos)} segments of "
+                f"this batch ({seen[0]} of {seen[1]} so far) reached the maximum output length "
+                f"{limit} and are cut there; raise --max-len-a / --max-len-b, or use "
+                "--doc2doc-frame")
 
     def _describe_segment(self, i: int) -> str:
         """Segment ``i`` of the generation split, for a message: its document
@@ -273,6 +296,17 @@ class DocumentGenerationMixin:
 
     def build_generator(self, models, args, **kwargs):
         opts = frame_options(self.cfg, models)  # (--doc2doc-frame without --doc2doc: an error)
+        longest = int(self.context_spec.doc2doc_max_tokens)
+        if (opts is None and self.context_spec.doc2doc != "none"
+                and not getattr(args, "score_reference", False)
+                and float(getattr(args, "max_len_a", 0) or 0) * longest
+                + int(getattr(args, "max_len_b", 200)) < longest):
+            raise InputError(
+                f"doc2doc without the sentence-count frame: --max-len-a "
+                f"{getattr(args, 'max_len_a', 0)} --max-len-b {getattr(args, 'max_len_b', 200)} "
+                f"would cut the translation of a segment of --doc2doc-max-tokens {longest} "
+                f"(fairseq's default caps every output at 200 tokens); give e.g. --max-len-a 1.5 "
+                "--max-len-b 10, or --doc2doc-frame")
         if opts is not None and not getattr(args, "score_reference", False):
             check_frame_generator(args)
             for name, d in (("source", self.source_dictionary), ("target",
