@@ -89,7 +89,7 @@ def markdown(rows):
             "references, --tokenize none); sacreBLEU: detruecased and detokenized against the "
             "original text (13a). A segment model's output is split back into sentences by "
             "ctx-doc2doc-split (generated with the sentence-count frame: no segment with another "
-            "number of sentences than its source). p: sacreBLEU's paired bootstrap of the "
+            "number of sentences than its source). The pronoun suite scores a segment model's sentence as the last of a segment of its previous sentences, whose translations are the references (a forced prefix: an oracle, as for concat's target context). p: sacreBLEU's paired bootstrap of the "
             "tokenized BLEU against the sentence-level transformer (n/a: fewer than 10 "
             "documents). Signatures: " + "; ".join(sorted(sigs)) + "."]
     return "\n".join(out) + "\n"

@@ -752,7 +752,7 @@ ctx_maruf_report() {
         else
             ctx_model_spec "$m"
             label=$M_ARCH
-            if [ "$M_D2D" = 1 ]; then label="$(d2d_arch_label "$m"); translated with the sentence-count frame"; fi
+            [ "$M_D2D" = 0 ] || label="$(d2d_arch_label "$m"); the frame; pronoun suite with the references as the segment's prefix (an oracle)"
             if [ "$m" = concat ]; then
                 label="$label (2-to-2, from the sentence model): pronouns scored and CXMI measured with the references as target context (an oracle)"
             fi
@@ -860,7 +860,8 @@ ctx_maruf_pipeline() {
         ctx_model_spec "$m"
         gold=()
         partial=()
-        if [ "$M_TARGET" = 1 ] || [ "$m" = concat ]; then gold=(--gold-target-context); fi
+        # the references as target context (an oracle): target-side context (concat, segments too)
+        if [ "$M_TARGET" = 1 ] || [ "$M_FINETUNE" = 1 ]; then gold=(--gold-target-context); fi
         if [ "$M_SELECTIVE" = 1 ]; then partial=(--allow-partial-document); fi
         if [ "$M_D2D" = 1 ]; then  # segments, the frame, split back into sentences
             step "translate_$m" d2d_translate "$m" "$bin" "$WORK/checkpoints/$m" test \

@@ -633,7 +633,9 @@ dp_suite_build() {
 # shuffled context (another document position's); ctx-dp-suite report of the
 # runs into results/NAME/dp_suite/report.json
 dp_score_model() {
-    local name=$1 context=$2 ckpt out="$WORK/results/$1/dp_suite" scores=() runs=(true)
+    local name=$1 context=$2 ckpt out="$WORK/results/$1/dp_suite" scores=() runs=(true) extra
+    shift 2
+    extra=("$@")  # --gold-target-context: concat, the doc2doc rows (their target holds the context)
     ckpt=$(best_checkpoint "$WORK/checkpoints/$name")
     cuda_args
     mkdir -p "$out"
@@ -654,7 +656,7 @@ dp_score_model() {
             --data "$WORK/data-bin" --contrastive "$WORK/results/dp_suite.jsonl" --format toy \
             --split test --tokenizer none --bpe subword_nmt --bpe-codes "$WORK/bpe/codes" \
             --max-tokens "$MAX_TOKENS" --out-dir "$out" --name "$run" "${ablation[@]}" \
-            "${CUDA_ARGS[@]}"
+            "${extra[@]}" "${CUDA_ARGS[@]}"
         scores+=("$out/contrastive_$run.json")
     done
     ctx_logged "$out/report.log" ctx-dp-suite report --suite "$WORK/results/dp_suite.jsonl" \
@@ -783,10 +785,14 @@ done
 if [ -e "$WORK/docs/test.dp.zh" ]; then
     step dpsuite dp_suite_build
     for m in sentence "${MODEL_LIST[@]}"; do
-        M_CXMI=0
+        M_CXMI=0; M_D2D=0
         [ "$m" = sentence ] || tvsub_model_spec "$m"
         step "dp_$m" dp_model "$m"
-        step "dpscore_$m" dp_score_model "$m" "$M_CXMI"
+        # a model whose target holds its context's translations scores the suite with
+        # the references as that context (an oracle), as its CXMI does
+        gold=()
+        if [ "$m" = concat ] || [ "$M_D2D" = 1 ]; then gold=(--gold-target-context); fi
+        step "dpscore_$m" dp_score_model "$m" "$M_CXMI" "${gold[@]}"
         if [ "$M_CXMI" = 1 ]; then step "cxmitest_$m" cxmi_test_model "$m" "$MAX_TOKENS"; fi
     done
     if [[ " ${MODEL_LIST[*]} " == *" transformer "* ]]; then
