@@ -28,7 +28,7 @@ accuracy, the paper's analyses.
                  instead of downloading; with --smoke: the IWSLT17 XML files
   --study        the CPU study (in DIR/study): a small shape and a fixed number of
                  updates (README.md, 'CPU study'); the models of issue 39 by default
-                 (concat doc2doc doc2doc_mr gtrans); resumable
+                 (doc2doc doc2doc_mr gtrans concat); resumable
   --cpu          train and translate on the CPU
 
 Without train.tags.en-de.* under --raw (the shared copy holds the XML sets

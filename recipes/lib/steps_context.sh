@@ -410,7 +410,7 @@ _ctx_summary_text() {
 #                first); issue 39 (recipes/lib/steps_doc2doc.sh): concat
 #                (transformer_concat 2-to-2), doc2doc, doc2doc_mr, gtrans, each
 #                fine-tuned from stage 1 [smoke: context_aware; full: context_aware
-#                zhang2018 han; study: concat doc2doc doc2doc_mr gtrans]
+#                zhang2018 han; study: doc2doc doc2doc_mr gtrans concat]
 #   D2D_MAX_TOKENS  the doc2doc rows' --doc2doc-max-tokens [512; smoke 128]
 #   BPE_MERGES [30000], MAX_TOKENS [4096], GEN_MAX_TOKENS [8000], SEED [1], BEAM [1]
 #   CONTRAPRO    ContraPro's contrapro.json (Table 4), converted beside it by its
@@ -461,7 +461,7 @@ ctx_maruf_config() {
         MAX_TOKENS=${MAX_TOKENS:-2048}
         GEN_LEN=(--max-len-a 1.2 --max-len-b 10)
         N_ANALYSED=${N_ANALYSED:-1}
-        BASELINES=${BASELINES-concat doc2doc doc2doc_mr gtrans}
+        BASELINES=${BASELINES-doc2doc doc2doc_mr gtrans concat}
         D2D_MAX_TOKENS=${D2D_MAX_TOKENS:-512}
     else
         BPE_MERGES=${BPE_MERGES:-30000}
@@ -840,11 +840,8 @@ ctx_maruf_pipeline() {
     step train_sentence ctx_train_sentence "$bin" "$WORK/checkpoints/sentence" "${SENT_TRAIN[@]}"
     for m in "${DOC_MODELS[@]}"; do
         ctx_model_spec "$m"
-        if [ "$M_FINETUNE" = 1 ]; then  # concat and the doc2doc rows (issue 39)
-            step "train_$m" ctx_maruf_finetune "$m" --arch "$M_ARCH" "${M_TASK[@]}" \
-                "${DOC_COMMON[@]}" "${M_MODEL[@]}"
-            continue
-        fi
+        # concat and the doc2doc rows (issue 39) train below, each just before its evaluation
+        [ "$M_FINETUNE" = 0 ] || continue
         step "train_$m" ctx_maruf_train "$m" "$M_INIT" --arch "$M_ARCH" "${M_TASK[@]}" \
             "${M_MODEL[@]}" "${DOC_COMMON[@]}"
     done
@@ -863,6 +860,10 @@ ctx_maruf_pipeline() {
         # the references as target context (an oracle): target-side context (concat, segments too)
         if [ "$M_TARGET" = 1 ] || [ "$M_FINETUNE" = 1 ]; then gold=(--gold-target-context); fi
         if [ "$M_SELECTIVE" = 1 ]; then partial=(--allow-partial-document); fi
+        if [ "$M_FINETUNE" = 1 ]; then
+            step "train_$m" ctx_maruf_finetune "$m" --arch "$M_ARCH" "${M_TASK[@]}" \
+                "${DOC_COMMON[@]}" "${M_MODEL[@]}"
+        fi
         if [ "$M_D2D" = 1 ]; then  # segments, the frame, split back into sentences
             step "translate_$m" d2d_translate "$m" "$bin" "$WORK/checkpoints/$m" test \
                 --beam "$BEAM" "${GEN[@]}" "${M_TASK[@]}" "${M_GEN[@]}"
