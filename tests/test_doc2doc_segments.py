@@ -518,3 +518,14 @@ def test_the_separator_is_found_whatever_the_white_space_around_it():
     assert split_at("a b<sep> c", "<sep>") == ["a b", "c"]
     assert split_at("a <sep> <sep> b", "<sep>") == ["a", "", "b"]
     assert split_at("", "<sep>") == [""]
+
+
+def test_a_sentence_checkpoint_is_not_translated_on_segments(sentence_ckpt, toy_bin):
+    """A checkpoint trained on sentences has no trained separator: generating
+    segments with it is refused (its rows are extended only when a training
+    run starts from it), never run with a random separator row."""
+    with pytest.raises(InputError, match=r"rows for the \d+ symbols of the dictionaries: it "
+                                         r"was trained without the symbols the task adds"):
+        generate([toy_bin, "--path", sentence_ckpt, *D2D, "--doc2doc-max-tokens", "60",
+                  "--beam", "1", "--gen-subset", "test", "--num-workers", "0",
+                  "--max-len-a", "1.5", "--max-len-b", "10"])

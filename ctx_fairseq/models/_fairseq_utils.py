@@ -342,8 +342,11 @@ class VocabularyExtension:
     with any other number of rows is left to fail as it would. Logged once
     per model."""
 
-    def __init__(self, seed: int = 1):
+    def __init__(self, seed: int = 1, refuse: bool = False):
         self.seed = int(seed)
+        #: a model restored to translate or score (not a new run): such a
+        #: checkpoint is refused, not given random rows
+        self.refuse = bool(refuse)
         #: state key -> (the module's parameter, the rows the checkpoint lacks)
         self.keys: Dict[str, tuple] = {}
         self._rows: Dict[int, Tensor] = {}
@@ -351,14 +354,16 @@ class VocabularyExtension:
 
     @classmethod
     def register(cls, model, rows_before: Dict[str, int], rows_now: Dict[str, int],
-                 seed: int = 1) -> Optional["VocabularyExtension"]:
+                 seed: int = 1, refuse: bool = False) -> Optional["VocabularyExtension"]:
         """Hooks on ``model``'s modules with one row per symbol:
         ``rows_before`` / ``rows_now``: the dictionary sizes (``src``,
         ``tgt``) before and after the task added its symbols. None when
-        nothing was added."""
+        nothing was added. ``refuse``: a checkpoint with the old rows is an
+        :class:`~ctx_fairseq.errors.InputError` instead (a model restored to
+        translate or score would read a random row)."""
         if all(rows_before[s] == rows_now[s] for s in rows_now):
             return None
-        ext = cls(seed)
+        ext = cls(seed, refuse)
         hooked = set()
         # every name of a shared module (--share-all-embeddings: one module, two names),
         # so that extend() finds each key of a plain state dict; one hook per module
@@ -398,6 +403,14 @@ class VocabularyExtension:
             if w is None or w.dim() != 2 or w.size(0) != before or \
                     w.size(0) >= param.size(0) or w.size(1) != param.size(1):
                 continue
+            if self.refuse:
+                from ctx_fairseq.errors import InputError
+
+                raise InputError(
+                    f"the checkpoint's {full} has {w.size(0)} rows for the {param.size(0)} "
+                    "symbols of the dictionaries: it was trained without the symbols the "
+                    "task adds (--doc2doc-separator); fine-tune it on segments first "
+                    "(fairseq-train --doc2doc ... --finetune-from-model CHECKPOINT)")
             new = self._new_rows(param, param.size(0) - w.size(0), w.size(1))
             state_dict[full] = torch.cat([w, new.to(dtype=w.dtype, device=w.device)])
             done.append(full)

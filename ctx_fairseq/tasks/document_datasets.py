@@ -258,6 +258,14 @@ class DocumentDatasetsMixin:
         ``--allow-context-change``; ``--context-ablation`` is the way to give
         wrong context on purpose)."""
         get = trained.get if hasattr(trained, "get") else lambda k, d=None: getattr(trained, k, d)
+        ours = self.context_spec.doc2doc
+        if ours != "none" and (get("_name", None) != "document_translation"
+                               or str(get("doc2doc", "none") or "none") == "none"):
+            raise InputError(
+                f"--doc2doc {ours}: the checkpoint was trained on sentences (task "
+                f"{get('_name', None)!r}, no --doc2doc): it has no trained separator "
+                f"{self.cfg.doc2doc_separator!r}; fine-tune it on segments first "
+                "(fairseq-train --doc2doc ... --finetune-from-model CHECKPOINT)")
         if get("_name", None) not in (None, "document_translation"):
             return
         diff = context_option_diff(trained, self.cfg)

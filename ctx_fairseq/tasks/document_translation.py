@@ -320,10 +320,12 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         # a sentence checkpoint made without the symbols the task added (--doc2doc's
-        # separator): its embedding / output-projection rows extended on load
+        # separator): its embedding / output-projection rows extended on load, when a
+        # new run starts from it (--finetune-from-model); restored to translate or score
+        # (from_checkpoint), such a checkpoint is refused (a random row would be read)
         VocabularyExtension.register(model, self._vocab_before,
                                      {"src": len(self.src_dict), "tgt": len(self.tgt_dict)},
-                                     seed=getattr(self.cfg, "seed", 1))
+                                     seed=getattr(self.cfg, "seed", 1), refuse=from_checkpoint)
         contract = model_contract(model)
         arch = getattr(cfg, "arch", type(model).__name__)
         if self.context_spec.doc2doc != "none" and contract.inputs:
