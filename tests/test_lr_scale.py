@@ -264,3 +264,34 @@ def test_set_lr_and_get_lr():
         opt.set_lr(lr)
         assert opt.get_lr() == lr
         assert [g["lr"] for g in opt.param_groups] == [lr * 0.2, lr]
+
+
+def test_a_scheduler_that_sets_the_groups_rates_itself_is_read_back():
+    """reduce_lr_on_plateau (torch's ReduceLROnPlateau) multiplies every
+    group's rate itself: the scaled groups keep their ratio, and get_lr (the
+    logged lr, --stop-min-lr) follows the schedule instead of the rate
+    set_lr was last given."""
+    from types import SimpleNamespace
+
+    from fairseq.optim.adam import FairseqAdam
+    from fairseq.optim.lr_scheduler.reduce_lr_on_plateau import ReduceLROnPlateauLRSchedule
+
+    from ctx_fairseq.optim.lr_scale import split_param_groups
+
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    m.new_parameter_names = lambda: {"1.weight", "1.bias"}
+    opt = FairseqAdam(SimpleNamespace(lr=[1e-3], adam_betas="(0.9, 0.999)", adam_eps=1e-8,
+                                      weight_decay=0.0, use_old_adam=False,
+                                      fp16_adam_stats=False, tpu=False), list(m.parameters()))
+    sch = ReduceLROnPlateauLRSchedule(
+        SimpleNamespace(lr=[1e-3], lr_patience=0, lr_shrink=0.1, lr_threshold=1e-4,
+                        warmup_updates=0, warmup_init_lr=-1,
+                        maximize_best_checkpoint_metric=False), opt)
+    split_param_groups(opt, m, 0.2)
+    assert opt.get_lr() == 1e-3
+    for epoch, loss in enumerate([1.0, 2.0, 3.0]):
+        rate = sch.step(epoch, loss)
+        pretrained, new = (g["lr"] for g in opt.param_groups)
+        assert rate == pytest.approx(1e-3 * 0.1 ** epoch, rel=1e-12)
+        assert opt.get_lr() == pytest.approx(new, rel=1e-12)
+        assert pretrained == pytest.approx(0.2 * new, rel=1e-12)

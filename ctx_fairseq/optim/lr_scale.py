@@ -167,8 +167,19 @@ def _set_lr(self, lr):
 
 
 def _get_lr(self):
-    group = next(iter(self.param_groups))
-    return group["unscaled_lr"] if "lr_scale" in group else group["lr"]
+    """The schedule's (unscaled) rate: exactly the one ``set_lr`` was given,
+    unless a scheduler changed the groups' rates itself (torch's
+    ``ReduceLROnPlateau``, behind ``reduce_lr_on_plateau``, multiplies each
+    group's ``lr``): then a scaled group's rate divided by its scale."""
+    groups = list(self.param_groups)
+    group = groups[0]
+    if "lr_scale" not in group:
+        return group["lr"]
+    for g in groups:
+        scale = float(g.get("lr_scale", 1.0))
+        if scale > 0 and g["lr"] != g.get("unscaled_lr", 0.0) * scale:
+            return g["lr"] / scale
+    return group["unscaled_lr"]
 
 
 def _keep_scales(original):
