@@ -30,6 +30,7 @@ _compat.per_batch_padding()  # a padding micro-batch zeroes its own sample size,
 _compat.ddp_on_cpu()  # --ddp-backend pytorch_ddp wraps a CPU model without device arguments
 __import__("ctx_fairseq.optim.lr_scale", fromlist=["install"]).install()  # scaled param groups
 _compat.spawned_workers()  # one command spawns N CPU workers; a worker's bad input: one line
+_compat.broadcast_safe_states()  # a resumed state reaches every worker under safe loading
 _errors.install_excepthook()  # bad options or files: one line, not a traceback
 
 from ctx_fairseq._registry import import_all_submodules as _import_all  # noqa: E402

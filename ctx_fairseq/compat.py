@@ -94,6 +94,17 @@ ends that process with status 1; the launching process then ends with
 status 1 without a traceback of its own (the workers' line says why), and
 PyTorch's ``spawn`` ends the other workers, so that no worker waits for a
 failed one.
+
+With several workers, rank 0 alone reads a checkpoint to resume (or
+``--finetune-from-model``) and fairseq sends its state to the others with
+``broadcast_object``, which pickles it and unpickles it with a plain
+``torch.load``: under torch >= 2.6 (``weights_only=True``) the receivers
+refused the state's configuration (an OmegaConf ``DictConfig``, which
+checkpoint files never hold: fairseq saves it as plain containers) and every
+rank but 0 crashed. Importing ``ctx_fairseq`` sends configurations as the
+files hold them, plain containers, and makes them ``DictConfig`` again on
+arrival, as fairseq's loader does (safe loading stays on; the allow-list is
+unchanged).
 """
 
 import functools
@@ -445,3 +456,61 @@ def spawned_workers() -> None:
 
     if not getattr(distributed_utils.call_main, "ctx_fairseq_fixed", False):
         distributed_utils.call_main = _spawning_call_main(distributed_utils.call_main)
+
+
+_CONFIG_KEY = "__ctx_fairseq_omegaconf__"
+
+
+def _configs_to_containers(obj):
+    """``obj`` with every OmegaConf configuration inside dicts, lists and
+    tuples replaced by ``{_CONFIG_KEY: its plain container}`` (as fairseq
+    saves a configuration in a checkpoint file)."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(obj):
+        return {_CONFIG_KEY: OmegaConf.to_container(obj, resolve=True, enum_to_str=True)}
+    if isinstance(obj, dict):
+        return {k: _configs_to_containers(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_configs_to_containers(v) for v in obj)
+    return obj
+
+
+def _containers_to_configs(obj):
+    """The inverse of :func:`_configs_to_containers` (``OmegaConf.create``
+    with objects allowed, as fairseq's checkpoint loader makes a
+    configuration)."""
+    from omegaconf import OmegaConf
+
+    if isinstance(obj, dict):
+        if set(obj) == {_CONFIG_KEY}:  # (objects allowed: a model's argparse.Namespace)
+            return OmegaConf.create(obj[_CONFIG_KEY], flags={"allow_objects": True})
+        return {k: _containers_to_configs(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_containers_to_configs(v) for v in obj)
+    return obj
+
+
+def _plain_config_broadcast(original):
+    @functools.wraps(original)
+    def broadcast_object(obj, src_rank, group, dist_device=None):
+        from fairseq.distributed import utils as distributed_utils
+
+        if distributed_utils.get_rank(group) == src_rank:  # the sender keeps its own object
+            original(_configs_to_containers(obj), src_rank, group, dist_device)
+            return obj
+        return _containers_to_configs(original(None, src_rank, group, dist_device))
+
+    broadcast_object.ctx_fairseq_fixed = True
+    return broadcast_object
+
+
+def broadcast_safe_states() -> None:
+    """Patch fairseq's ``broadcast_object`` (idempotent): configurations
+    travel as plain containers, which the receivers' safe ``torch.load``
+    takes (see the module)."""
+    from fairseq.distributed import utils as distributed_utils
+
+    if not getattr(distributed_utils.broadcast_object, "ctx_fairseq_fixed", False):
+        distributed_utils.broadcast_object = _plain_config_broadcast(
+            distributed_utils.broadcast_object)

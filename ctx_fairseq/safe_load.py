@@ -25,7 +25,19 @@ def fairseq_checkpoint_globals() -> List[object]:
     strings and ``OrderedDict`` (the model's state dict) are allowed by torch
     already.
     """
-    return [argparse.Namespace, *_numpy_globals()]
+    return [argparse.Namespace, *_numpy_globals(), *_broadcast_globals()]
+
+
+def _broadcast_globals() -> List[object]:
+    """fairseq's ``broadcast_object`` (a resumed run's state, sent from rank
+    0 to the other workers) pickles the state with each tensor replaced by a
+    ``_TensorPlaceholder`` (a frozen dataclass holding one int, the tensor's
+    index) and unpickles it with a plain ``torch.load``."""
+    try:
+        from fairseq.distributed.utils import _TensorPlaceholder
+    except ImportError:  # pragma: no cover
+        return []
+    return [_TensorPlaceholder]
 
 
 def _numpy_globals() -> List[object]:

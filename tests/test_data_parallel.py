@@ -520,3 +520,24 @@ def test_every_worker_draws_dropout_from_the_same_stream_as_one_process(toy_bin,
     one = streams(single, 0)
     assert len(one) == 3 and len(set(one)) == 3  # a new state per update
     assert streams(multi, 0) == streams(multi, 1) == one
+
+
+def test_two_workers_resume_as_an_uninterrupted_run(toy_bin, sentence_ckpt, tmp_path):
+    """Stopped after update 3 and resumed to 6 on 2 workers, mid-epoch:
+    rank 0 reads checkpoint_last.pt and fairseq broadcasts its state to rank
+    1, whose safe torch.load refused the state's OmegaConf configuration
+    (every resume with several workers crashed on rank >= 1;
+    ctx_fairseq.compat.broadcast_safe_states). The resumed run ends where
+    the uninterrupted one does, with its batches."""
+    def argv(save, max_update):
+        a = train_argv(toy_bin, sentence_ckpt, "document_batching", max_update=max_update)
+        a.remove("--no-save")
+        return a + ["--save-dir", str(save), "--no-epoch-checkpoints"]
+
+    whole = run_training(tmp_path / "whole", argv(tmp_path / "ck_whole", 6), world=2)
+    run_training(tmp_path / "first", argv(tmp_path / "ck", 3), world=2)
+    resumed = run_training(tmp_path / "resumed", argv(tmp_path / "ck", 6), world=2)
+    assert updates(whole, 2)[3:] == updates(resumed, 2)
+    a = torch.load(os.path.join(whole, "params.6.pt"), weights_only=True)
+    b = torch.load(os.path.join(resumed, "params.6.pt"), weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
