@@ -57,7 +57,7 @@ if [ "$STUDY" = 1 ]; then
     [ "$SMOKE" = 0 ] || die "--smoke and --study exclude each other"
     WORK="$WORK/study"
     mkdir -p "$WORK/.done" "$WORK/logs"
-    # read by ctx_maruf_config (recipes/lib/steps_context.sh)
+    # shellcheck disable=SC2034  # read by ctx_maruf_config (recipes/lib/steps_context.sh)
     MARUF_STUDY=1
     if [ -z "${OMP_NUM_THREADS:-}" ]; then
         export OMP_NUM_THREADS=1

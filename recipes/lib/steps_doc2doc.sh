@@ -54,6 +54,7 @@ d2d_any() {
 #   D2D_TASK   task options (training, generation, scoring, CXMI)
 #   D2D_MODEL  model and optimiser options of stage 2 (training only)
 #   D2D_GEN    generation only (the sentence-count frame)
+# shellcheck disable=SC2034  # the D2D_* arrays are read by the callers
 d2d_spec() {
     local name=$1 max=$2 mode=greedy
     [ "$name" = doc2doc_mr ] && mode=multires
