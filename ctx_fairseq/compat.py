@@ -411,14 +411,17 @@ def _spawning_call_main(original):
         cpu = bool(cfg.common.cpu) or not torch.cuda.is_available()
         if world <= 1 or dt.distributed_no_spawn or getattr(cfg.common, "tpu", False):
             return original(cfg, main, **kwargs)
-        if dt.distributed_init_method is None:
-            if cpu:
+        if dt.distributed_init_method is None:  # fairseq's inference (torchrun, SLURM, GPUs)
+            try:
+                distributed_utils.infer_init_method(dt)
+            except AssertionError as err:  # "world size is N but have 0 available devices"
+                if not cpu:
+                    raise
                 raise InputError(
                     f"--distributed-world-size {world} on the CPU needs "
                     "--distributed-init-method tcp://HOST:PORT (one command spawns the "
                     f"{world} processes), or one command per rank with --distributed-rank R "
-                    "--distributed-no-spawn (README, Data-parallel training)")
-            distributed_utils.infer_init_method(dt)
+                    "--distributed-no-spawn (README, Data-parallel training)") from err
             if dt.distributed_init_method is None or dt.distributed_no_spawn:
                 return original(cfg, main, **kwargs)
         start_rank = dt.distributed_rank or 0

@@ -243,6 +243,19 @@ def test_only_own_target_context_keeps_documents_whole_per_shard(toy_bin):
              for i in b["id"].tolist()} for itr in itrs]
     assert docs[0] and docs[1] and not docs[0] & docs[1]
 
+    # the concatenation baseline's dataset (it wraps the document dataset) likewise
+    task = setup_task(toy_bin, "--document-batching", "--source-context-size", "1",
+                      "--target-context-size", "1", "--own-target-context", "--gen-subset",
+                      "test", "--concat-context")
+    task.load_dataset("test", task_cfg=task.cfg)
+    ds = task.datasets["test"]
+    itrs = [task.get_batch_iterator(ds, max_tokens=80, num_shards=2, shard_id=r)
+            for r in (0, 1)]
+    assert all(isinstance(i, DocumentShardedEpochBatchIterator) for i in itrs)
+    docs = [{int(ds.inner.doc_index[i]) for b in itr.next_epoch_itr(shuffle=False) if b
+             for i in b["id"].tolist()} for itr in itrs]
+    assert docs[0] and docs[1] and not docs[0] & docs[1]
+
 
 def _stats(out_dir, rank: int = 0):
     import json
@@ -541,3 +554,29 @@ def test_two_workers_resume_as_an_uninterrupted_run(toy_bin, sentence_ckpt, tmp_
     a = torch.load(os.path.join(whole, "params.6.pt"), weights_only=True)
     b = torch.load(os.path.join(resumed, "params.6.pt"), weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_validation_across_workers_gives_the_figures_of_one_process(toy_bin, sentence_ckpt,
+                                                                    tmp_path):
+    """fairseq validates on every worker's shard of the validation batches and
+    sums the statistics: loss (nll_loss) and ppl are one process's (wpb and
+    bsz are per step summed over workers, so they differ by design)."""
+    import re
+
+    def valid_losses(out_dir):
+        with open(os.path.join(out_dir, "log.0")) as f:
+            text = f.read()
+        return [tuple(m.groups()) for m in re.finditer(
+            r"valid on 'valid' subset \| loss ([\d.]+) \| (?:nll_loss ([\d.]+) \| )?ppl "
+            r"([\d.]+)",
+            text)]
+
+    def argv():
+        a = train_argv(toy_bin, sentence_ckpt, "document_batching", max_update=4)
+        a.remove("--disable-validation")
+        return a + ["--validate-interval-updates", "2"]
+
+    single = run_training(tmp_path / "single", argv(), update_freq=2)
+    multi = run_training(tmp_path / "multi", argv(), world=2)
+    one, many = valid_losses(single), valid_losses(multi)
+    assert len(one) >= 2 and one == many

@@ -258,7 +258,9 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
         # document memory), so a document's chunks may run on different workers. Only
         # --own-target-context needs its documents whole on one worker, translated in
         # order (a sentence's target context is the model's output for the one before).
-        doc_sharding = (isinstance(dataset, DocumentContextDataset) and dataset.document_batching
+        # (the concatenation baseline's dataset wraps the document dataset)
+        docs = getattr(dataset, "inner", dataset)
+        doc_sharding = (isinstance(docs, DocumentContextDataset) and docs.document_batching
                         and num_shards > 1 and bool(getattr(self.cfg, "own_target_context",
                                                             False)))
         if not doc_sharding:
@@ -270,7 +272,7 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
                 data_buffer_size=data_buffer_size, disable_iterator_cache=disable_iterator_cache,
                 skip_remainder_batch=skip_remainder_batch, grouped_shuffling=grouped_shuffling,
                 update_epoch_batch_itr=update_epoch_batch_itr)
-            if num_shards > 1 and not callable(getattr(itr, "frozen_batches", None)):
+            if num_shards > 1 and not callable(getattr(itr, "batch_sampler", None)):
                 self._warn_if_idle(dataset, len(itr.frozen_batches), "batches", num_shards,
                                    shard_id, shard_id < len(itr.frozen_batches))
             return itr
@@ -290,7 +292,7 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
                                         max_sentences=max_sentences,
                                         required_batch_size_multiple=required_batch_size_multiple)
         epoch_iter = DocumentShardedEpochBatchIterator(
-            dataset, dataset.collater, batches, dataset.doc_index, seed=seed,
+            dataset, dataset.collater, batches, docs.doc_index, seed=seed,
             num_shards=num_shards, shard_id=shard_id, num_workers=num_workers, epoch=epoch,
             buffer_size=data_buffer_size, skip_remainder_batch=skip_remainder_batch,
             grouped_shuffling=grouped_shuffling,
@@ -298,7 +300,7 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
             persistent_workers=getattr(self.cfg, "persistent_workers", True))
         if reuse:
             self.dataset_to_epoch_iter[dataset] = epoch_iter
-        groups = len(document_groups(epoch_iter.frozen_batches, dataset.doc_index))
+        groups = len(document_groups(epoch_iter.frozen_batches, docs.doc_index))
         self._warn_if_idle(dataset, groups, "document groups", num_shards, shard_id,
                            bool(epoch_iter.shard_batches()))
         return epoch_iter
