@@ -117,7 +117,7 @@ def _segment_batch(bench, task, model, margs, length: int, seed: int, separators
     plan = plan_segments(base.src_sizes, base.tgt_sizes, doc_ids, "greedy", length)
     names = [doc_ids[int(i)] for i in document_starts(doc_ids)[:-1]]
     ds = SegmentDataset(base, plan, separators[0], separators[1], names, "<bench documents>")
-    max_positions = None
+    max_positions = None  # (the sentence row: no segment is its input, none is filtered)
     if model is not None and doc2doc_of(task) != "none":
         check_positions(ds, task.cfg.max_source_positions, task.cfg.max_target_positions,
                         "bench")
