@@ -177,7 +177,8 @@ def attention_bench(args, lengths: List[int], kinds=ATTENTION_KINDS, log=print) 
                                                                   times[f"plain_{m}"]))
                       for m in ("train", "fwd")}
             mask_s = _time(build_mask, max(1, args.train_steps))
-            row = {"segment_tokens": length, "kind": kind, "batch": max(1, args.max_tokens // length),
+            bsz = max(1, args.max_tokens // length)
+            row = {"segment_tokens": length, "kind": kind, "batch": bsz,
                    **{f"{k}_ms": 1e3 * v for k, v in med.items()},
                    "train_ratio": paired["train"], "forward_ratio": paired["fwd"],
                    "mask_ms": 1e3 * mask_s, "repeats": {k: v for k, v in times.items()}}
