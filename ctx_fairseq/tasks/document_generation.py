@@ -131,7 +131,8 @@ class DocumentGenerationMixin:
         opts = frame_options(self.cfg, models)
         if opts is None or type(generator).__name__ == "SequenceScorer":
             hypos = self._inference_step(generator, models, sample, prefix_tokens, constraints)
-            if self.context_spec.doc2doc != "none" and type(generator).__name__ != "SequenceScorer":
+            doc2doc = getattr(getattr(self, "context_spec", None), "doc2doc", "none")
+            if doc2doc != "none" and type(generator).__name__ != "SequenceScorer":
                 self._count_cut_segments(generator, sample, hypos)
             return hypos
         if prefix_tokens is not None or constraints is not None:
@@ -296,8 +297,9 @@ class DocumentGenerationMixin:
 
     def build_generator(self, models, args, **kwargs):
         opts = frame_options(self.cfg, models)  # (--doc2doc-frame without --doc2doc: an error)
-        longest = int(self.context_spec.doc2doc_max_tokens)
-        if (opts is None and self.context_spec.doc2doc != "none"
+        spec = getattr(self, "context_spec", None)  # (a stand-in task in the frame's tests)
+        longest = int(getattr(spec, "doc2doc_max_tokens", 0) or 0)
+        if (opts is None and getattr(spec, "doc2doc", "none") != "none"
                 and not getattr(args, "score_reference", False)
                 and float(getattr(args, "max_len_a", 0) or 0) * longest
                 + int(getattr(args, "max_len_b", 200)) < longest):
