@@ -504,9 +504,13 @@ class DocumentContextDataset(DocumentMemoryMixin, FairseqDataset):
         own = hi - lo
         others = len(eligible) - own
         u = rng.random(n)
-        if (others == 0).any():
-            logger.warning("shuffled context: only one document has context; sentences of it "
-                           "take context from a random position of the same document")
+        if (others[count > 0] == 0).any():  # a wrong number is worse than an error
+            raise InputError(
+                f"shuffled context ({self.docids_path or 'the split'}): only one document has "
+                "context, so its sentences have no other document to take context from (a "
+                "random position of their own document would score the true context's "
+                "neighbours as the ablation); score the shuffled condition on a split of two "
+                "documents or more")
         pick = np.where(others > 0, np.floor(u * np.maximum(others, 1)).astype(np.int64),
                         np.floor(u * len(eligible)).astype(np.int64))
         pick = np.where((others > 0) & (pick >= lo), pick + own, pick)
