@@ -404,7 +404,7 @@ def _spawned_worker(i, main, cfg, kwargs):
 def _spawning_call_main(original):
     @functools.wraps(original)
     def call_main(cfg, main, **kwargs):
-        from ctx_fairseq.errors import InputError
+        from ctx_fairseq.errors import InputError, _prog
 
         dt = cfg.distributed_training
         world = int(dt.distributed_world_size or 1)
@@ -441,6 +441,9 @@ def _spawning_call_main(original):
                                         nprocs=nprocs, join=True)
         except torch.multiprocessing.ProcessExitedException as err:
             if err.exit_code == 1:  # a worker's bad input: its line is printed above
+                print(f"{_prog()}: worker {err.error_index} of {nprocs} ended with status 1 "
+                      "(its message is above); the others were stopped", file=sys.stderr,
+                      flush=True)
                 raise SystemExit(1) from None
             raise
 
