@@ -55,6 +55,7 @@ from typing import Dict, List
 
 import torch
 
+from ctx_fairseq.data.contract import task_options
 from ctx_fairseq.cli.bench_doc2doc import (
     format_segments,
     parse_lengths,
@@ -234,7 +235,7 @@ def _decode_runs(bench, spec: str, framed_too: bool):
     label = spec
     runs.append((f"{label} (no frame)" if framed_too else label, lambda: run(plain, None)))
     if framed_too:
-        sep = task.cfg.doc2doc_separator
+        sep = task_options(task).doc2doc_separator
         opts = FrameOptions(separator=sep, min_sentence_len=a.tgt_len - 1, max_len_a=0.0,
                             max_len_b=a.tgt_len - 1)
         frame = (task.source_dictionary.index(sep), task.target_dictionary.index(sep), opts)

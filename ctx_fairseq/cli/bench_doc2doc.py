@@ -51,6 +51,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from ctx_fairseq.data.contract import task_options
+from ctx_fairseq.tasks.context_options import task_setting
 from ctx_fairseq.cli.bench_specs import parse_spec
 
 __all__ = ["segment_sample", "segment_specs", "short_label", "run_segments", "format_segments",
@@ -62,8 +64,8 @@ DOC2DOC_OPTIONS = ("--doc2doc", "greedy", "--source-context-size", "0")
 
 def doc2doc_of(task) -> str:
     """The task's ``--doc2doc`` mode (``none`` for a task without it)."""
-    cfg = getattr(task, "cfg", None)
-    mode = getattr(cfg, "doc2doc", "none") if cfg is not None else "none"
+    spec = task_options(task)
+    mode = getattr(spec, "doc2doc", "none") if spec is not None else "none"
     return "none" if mode is None else str(getattr(mode, "value", mode))
 
 
@@ -119,8 +121,8 @@ def _segment_batch(bench, task, model, margs, length: int, seed: int, separators
     ds = SegmentDataset(base, plan, separators[0], separators[1], names, "<bench documents>")
     max_positions = None  # (the sentence row: no segment is its input, none is filtered)
     if model is not None and doc2doc_of(task) != "none":
-        check_positions(ds, task.cfg.max_source_positions, task.cfg.max_target_positions,
-                        "bench")
+        check_positions(ds, task_setting(task, "max_source_positions"),
+                        task_setting(task, "max_target_positions"), "bench")
         max_positions = fairseq_utils.resolve_max_positions(
             task.max_positions(), model.max_positions(), a.max_tokens)
     itr = task.get_batch_iterator(
@@ -140,9 +142,10 @@ def segment_sample(bench, task, model, margs, seed: int) -> Dict:
     from fairseq import utils as fairseq_utils
 
     if doc2doc_of(task) != "none":
-        sep = task.cfg.doc2doc_separator
+        spec = task_options(task)
+        sep = spec.doc2doc_separator
         separators = (task.source_dictionary.index(sep), task.target_dictionary.index(sep))
-        ds, batch = _segment_batch(bench, task, model, margs, int(task.cfg.doc2doc_max_tokens),
+        ds, batch = _segment_batch(bench, task, model, margs, int(spec.doc2doc_max_tokens),
                                    seed, separators)
         sample = ds.collater([ds[int(i)] for i in batch])
     else:
