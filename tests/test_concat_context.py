@@ -713,3 +713,23 @@ if __name__ == "__main__":
             row.append(1000 * (time.perf_counter() - start) / n)
         print(f"{n} sentences: {row[0]:.2f} ms/sentence (concatenation), {row[1]:.2f} "
               "ms/sentence (context model)", flush=True)
+
+
+def test_a_sentence_checkpoint_without_the_break_is_fine_tuned(sentence_ckpt, toy_bin,
+                                                                tmp_path):
+    """A stage-1 sentence model whose dictionaries lack <brk> (the task adds
+    it): --finetune-from-model extends its rows on load, as for --doc2doc's
+    separator (the sizes before the task's symbols were recorded after <brk>
+    was added, so the rows were not extended and loading failed)."""
+    from fairseq import checkpoint_utils
+
+    rows = checkpoint_utils.load_checkpoint_to_cpu(sentence_ckpt)["model"][
+        "encoder.embed_tokens.weight"].shape[0]
+    save = str(tmp_path / "ft")
+    train([toy_bin, "--arch", "transformer", *TINY_MODEL_ARGS, *CONCAT22,
+           "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3",
+           "--max-tokens", "600", "--max-update", "2", "--save-dir", save,
+           "--no-epoch-checkpoints", "--finetune-from-model", sentence_ckpt,
+           "--num-workers", "0", "--seed", "1", "--no-progress-bar", "--disable-validation"])
+    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(save, "checkpoint_last.pt"))
+    assert state["model"]["encoder.embed_tokens.weight"].shape[0] == rows + 1

@@ -327,7 +327,7 @@ class SourceContextModel:
 
 class VocabularyExtension:
     """A sentence checkpoint made before the task added symbols to the
-    dictionaries (``--doc2doc``'s separator) has fewer rows in the tensors
+    dictionaries (``--doc2doc``'s separator, ``--concat-context``'s break) has fewer rows in the tensors
     with one row per dictionary symbol: the embeddings and the output
     projection. :meth:`register` gives each such module of ``model`` a
     ``load_state_dict`` pre-hook (torch's
@@ -409,8 +409,8 @@ class VocabularyExtension:
                 raise InputError(
                     f"the checkpoint's {full} has {w.size(0)} rows for the {param.size(0)} "
                     "symbols of the dictionaries: it was trained without the symbols the "
-                    "task adds (--doc2doc-separator); fine-tune it on segments first "
-                    "(fairseq-train --doc2doc ... --finetune-from-model CHECKPOINT)")
+                    "task adds (--doc2doc-separator, --concat-break); fine-tune it with them "
+                    "first (fairseq-train ... --finetune-from-model CHECKPOINT)")
             new = self._new_rows(param, param.size(0) - w.size(0), w.size(1))
             state_dict[full] = torch.cat([w, new.to(dtype=w.dtype, device=w.device)])
             done.append(full)

@@ -177,14 +177,15 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
     cfg: DocumentTranslationConfig
 
     def __init__(self, cfg, src_dict, tgt_dict):
+        #: the dictionaries' sizes before the task adds its symbols (--concat-break,
+        #: --doc2doc-separator): a sentence checkpoint's rows, extended on load
+        #: (build_model); and per side whether the separator was in the data's
+        #: dictionary already
+        self._vocab_before = {"src": len(src_dict), "tgt": len(tgt_dict)}
         if cfg.concat_context:  # before the model is built: the vocabulary includes it
             for d in (src_dict, tgt_dict):
                 if d.index(cfg.concat_break) == d.unk() and cfg.concat_break != d.unk_word:
                     d.add_symbol(cfg.concat_break)
-        #: --doc2doc: the dictionaries' sizes before the separator was added
-        #: (a sentence checkpoint's rows, extended on load: build_model), and
-        #: per side whether the separator was in the data's dictionary already
-        self._vocab_before = {"src": len(src_dict), "tgt": len(tgt_dict)}
         self._separator_in_data = {}
         if getattr(cfg, "doc2doc", "none") not in (None, "none"):
             sep = cfg.doc2doc_separator
