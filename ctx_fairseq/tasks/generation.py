@@ -62,7 +62,39 @@ def best_tokens_on_cpu(hypos: List[List[dict]]) -> List[torch.Tensor]:
     return list(torch.split(flat, lengths))
 
 
-class ForcedPrefixes:
+class GeneratorCallWrapper:
+    """For one call of fairseq's ``SequenceGenerator`` (``self.gen``): its
+    model wrapper's (``self.model``) ``forward_decoder`` and
+    ``reorder_incremental_state`` replaced by this object's, and the
+    generator's settings changed for the call restored afterwards (a context
+    manager; the subclass's ``__enter__`` changes the settings and calls
+    :meth:`_wrap_model`)."""
+
+    _WRAPPED = ("forward_decoder", "reorder_incremental_state")
+
+    def _wrap_model(self, saved: Dict):
+        """Remember the generator's settings ``saved`` (restored on exit) and
+        wrap the methods the model has now (an instance's own, e.g. a
+        profiler's, kept and restored)."""
+        self.saved = saved
+        self.own = {k: self.model.__dict__[k] for k in self._WRAPPED
+                    if k in self.model.__dict__}
+        self.inner = {k: getattr(self.model, k) for k in self._WRAPPED}
+        for k in self._WRAPPED:
+            setattr(self.model, k, getattr(self, k))
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(self.gen, k, v)
+        for k in self.inner:
+            self.model.__dict__.pop(k, None)
+            if k in self.own:
+                setattr(self.model, k, self.own[k])
+        return False
+
+
+class ForcedPrefixes(GeneratorCallWrapper):
     """``--concat-context`` generation: every row's target context forced as
     the start of its hypotheses, in one call of fairseq's
     ``SequenceGenerator`` for the whole batch, rows of different prefix
@@ -162,26 +194,11 @@ class ForcedPrefixes:
 
     def __enter__(self):
         g = self.gen
-        self.saved = {"max_len_b": g.max_len_b,
-                      "token_indices_to_suppress": g.token_indices_to_suppress}
+        saved = {"max_len_b": g.max_len_b,
+                 "token_indices_to_suppress": g.token_indices_to_suppress}
         g.max_len_b = g.max_len_b + self.longest
         g.token_indices_to_suppress = None
-        # wrap the methods the model has now (an instance's own, e.g. a profiler's, kept)
-        names = ("forward_decoder", "reorder_incremental_state")
-        self.own = {k: self.model.__dict__[k] for k in names if k in self.model.__dict__}
-        self.inner = {k: getattr(self.model, k) for k in names}
-        for k in names:
-            setattr(self.model, k, getattr(self, k))
-        return self
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(self.gen, k, v)
-        for k in self.inner:
-            self.model.__dict__.pop(k, None)
-            if k in self.own:
-                setattr(self.model, k, self.own[k])
-        return False
+        return self._wrap_model(saved)
 
     def reorder_incremental_state(self, incremental_states, new_order):
         self.rows = self.rows.index_select(0, new_order)

@@ -64,6 +64,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ctx_fairseq.errors import InputError
+from ctx_fairseq.tasks.generation import GeneratorCallWrapper
 
 logger = logging.getLogger(__name__)
 _capped_logged = []  # (the positions' cap is logged once per process)
@@ -155,7 +156,7 @@ def source_sentence_lengths(src_tokens: torch.Tensor, sep: int, eos: int, pad: i
     return is_sep.sum(1) + 1, lengths
 
 
-class SentenceFrame:
+class SentenceFrame(GeneratorCallWrapper):
     """The frame for one call of fairseq's ``SequenceGenerator`` on a batch
     of segments (a context manager; see the module docstring)."""
 
@@ -216,23 +217,9 @@ class SentenceFrame:
 
     def __enter__(self):
         g = self.gen
-        self.saved = {"max_len_a": g.max_len_a, "max_len_b": g.max_len_b}
+        saved = {"max_len_a": g.max_len_a, "max_len_b": g.max_len_b}
         g.max_len_a, g.max_len_b = 0, self.max_len
-        names = ("forward_decoder", "reorder_incremental_state")
-        self.own = {k: self.model.__dict__[k] for k in names if k in self.model.__dict__}
-        self.inner = {k: getattr(self.model, k) for k in names}
-        for k in names:
-            setattr(self.model, k, getattr(self, k))
-        return self
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(self.gen, k, v)
-        for k in self.inner:
-            self.model.__dict__.pop(k, None)
-            if k in self.own:
-                setattr(self.model, k, self.own[k])
-        return False
+        return self._wrap_model(saved)
 
     def reorder_incremental_state(self, incremental_states, new_order):
         self.rows = self.rows.index_select(0, new_order)
