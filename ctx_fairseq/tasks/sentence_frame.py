@@ -4,9 +4,12 @@ hypothesis is ``y_1 <sep> ... y_n </s>``, exactly ``n`` sentences, so that the
 output splits back into one line per source sentence.
 
 G-Transformer (Bao et al. 2021) keeps its output aligned sentence by sentence
-at generation. The mechanism here, its per-sentence bounds and its budget
-rule are this repository's choices (not taken from the paper's code): a
-constraint on the log-probabilities of every step (fairseq's
+at generation; the authors' generator (their fork of fairseq's
+``sequence_generator.py``, ``force_length``) already bounds each sentence
+between a minimum and ``max_len_a * |x_i| + max_len_b`` source-relative
+tokens, the idea and the bounds used here. The implementation (no code of
+theirs is used) and its budget rule for the model's positions are this
+repository's: a constraint on the log-probabilities of every step (fairseq's
 ``SequenceGenerator`` unchanged; :class:`SentenceFrame` wraps its
 ``EnsembleModel`` for one call, as :class:`~ctx_fairseq.tasks.generation.ForcedPrefixes`
 does). Notation, per hypothesis after ``t`` generated tokens: ``k`` the
