@@ -187,8 +187,8 @@ class ContextSpec:
     #: ``--doc2doc-separator`` with ``--doc2doc`` (None without): the symbol
     #: ending each sentence of a segment but the last
     doc2doc_separator: Optional[str] = None
-    #: its index in the source dictionary (the task checks that the target
-    #: dictionary has it at the same index); None without ``--doc2doc``
+    #: its index in the source dictionary (the target dictionary's may
+    #: differ: readers look it up there); None without ``--doc2doc``
     doc2doc_separator_index: Optional[int] = None
 
     @classmethod
