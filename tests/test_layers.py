@@ -20,13 +20,16 @@ FLOORS = {
     "flops.py": (),
     "host_reads.py": (),
     "safe_load.py": (),
-    "compat.py": (),
+    "compat.py": _GROUND,
     "_registry.py": (),
     "data": ("ctx_fairseq.data", "ctx_fairseq.digest") + _GROUND,
     "modules": ("ctx_fairseq.modules", "ctx_fairseq.data", "ctx_fairseq.digest") + _GROUND,
     "models": ("ctx_fairseq.models", "ctx_fairseq.modules", "ctx_fairseq.data") + _GROUND,
     "tasks": ("ctx_fairseq.tasks", "ctx_fairseq.data") + _GROUND,
     "criterions": ("ctx_fairseq.criterions", "ctx_fairseq.data") + _GROUND,
+    # the optimizer's parameter groups (--lr-scale-pretrained): fairseq's trainer
+    # and optimizers only
+    "optim": ("ctx_fairseq.optim",) + _GROUND,
     "prep": ("ctx_fairseq.prep", "ctx_fairseq.data", "ctx_fairseq.generate_output") + _GROUND,
     # the analyses and tools: everything but the console layer (the package root
     # itself: the import that registers the plugin)
@@ -37,7 +40,7 @@ FLOORS = {
              "ctx_fairseq.compat", "ctx_fairseq._registry") + _GROUND,
     "cli": ("ctx_fairseq",),
     "__init__.py": ("ctx_fairseq.compat", "ctx_fairseq.errors", "ctx_fairseq.safe_load",
-                    "ctx_fairseq._registry"),
+                    "ctx_fairseq._registry", "ctx_fairseq.optim"),
 }
 #: the ground floor (issue 26's name for it)
 ALLOWED = {k: FLOORS[k] for k in ("data", "digest.py", "errors.py")}

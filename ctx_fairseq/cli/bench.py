@@ -876,7 +876,7 @@ def cli_main(argv: Optional[List[str]] = None) -> None:
     if a.segment_tokens is not None or a.attention_bench or a.decode_bench:
         from ctx_fairseq.cli.bench_attention import segment_main
 
-        return segment_main(a, specs, parser, log)
+        return segment_main(a, specs, parser, log, Bench)
     if a.trace:
         from ctx_fairseq.cli.bench_trace import trace_main
 

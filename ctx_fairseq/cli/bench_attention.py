@@ -244,10 +244,12 @@ def _decode_runs(bench, spec: str, framed_too: bool):
 
 
 @torch.no_grad()
-def decode_bench(bench_args, specs: List[str], lengths: List[int], log=print) -> Dict:
+def decode_bench(bench_args, specs: List[str], lengths: List[int], bench_cls,
+                 log=print) -> Dict:
     """The decoding benchmark (module docstring): ``specs`` the segment
-    models (``--archs``), the baseline on sentences first."""
-    from ctx_fairseq.cli.bench import Bench
+    models (``--archs``), the baseline on sentences first; ``bench_cls``:
+    ctx-bench's ``Bench``."""
+    Bench = bench_cls
 
     rows = []
     for length in lengths:
@@ -318,9 +320,10 @@ def _table(head, rows, markdown: bool) -> str:
     return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *[fmt(r) for r in rows]])
 
 
-def segment_main(a, specs: List[str], parser, log) -> None:
+def segment_main(a, specs: List[str], parser, log, bench_cls) -> None:
     """ctx-bench's segment modes (module docstrings): ``specs`` as ctx-bench
-    has them (the baseline first)."""
+    has them (the baseline first); ``bench_cls``: ctx-bench's ``Bench``
+    (given, not imported: ``cli.bench`` imports this module)."""
     import json
 
     try:
@@ -343,10 +346,10 @@ def segment_main(a, specs: List[str], parser, log) -> None:
             report = attention_bench(a, lengths, log=log)
             text = format_attention(report, a.markdown)
         elif a.decode_bench:
-            report = decode_bench(a, seg_specs, lengths, log=log)
+            report = decode_bench(a, seg_specs, lengths, bench_cls, log=log)
             text = format_decode(report, a.markdown)
         else:
-            report = run_segments(a, seg_specs, lengths, log=log)
+            report = run_segments(a, seg_specs, lengths, bench_cls, log=log)
             text = format_segments(report, a.markdown)
     except ValueError as err:
         parser.error(str(err))

@@ -171,10 +171,11 @@ def segment_specs(specs: List[str], length: int) -> List[str]:
     return out
 
 
-def run_segments(args, specs: List[str], lengths: List[int], log=print) -> Dict:
+def run_segments(args, specs: List[str], lengths: List[int], bench_cls, log=print) -> Dict:
     """The bench at each segment length in turn (module docstring); ``specs``:
-    the ``--archs`` models, the baseline excluded."""
-    from ctx_fairseq.cli.bench import Bench
+    the ``--archs`` models, the baseline excluded; ``bench_cls``: ctx-bench's
+    ``Bench`` (given, not imported: ``cli.bench`` imports this module)."""
+    Bench = bench_cls
 
     points = []
     for length in lengths:

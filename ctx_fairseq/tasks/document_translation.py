@@ -96,7 +96,7 @@ Options (besides those of ``translation``):
     2022; other splits greedy). ``--doc2doc-separator`` (default ``<sep>``)
     is added to both dictionaries; a sentence checkpoint made without it
     loads (``--finetune-from-model``): its embedding and output-projection
-    rows are extended on load (:class:`~ctx_fairseq.models._fairseq_utils.VocabularyExtension`).
+    rows are extended on load (:class:`~ctx_fairseq.data.vocabulary_rows.VocabularyExtension`).
     ``ctx-doc2doc-split`` maps the segments' output back to sentences. See
     ``docs/doc2doc.md``.
 ``--own-target-context``
@@ -156,7 +156,7 @@ from ctx_fairseq.data.document_dataset import DocumentContextDataset
 from ctx_fairseq.data.batching import DocumentShardedEpochBatchIterator, document_groups
 from ctx_fairseq.data.layouts import merge_context_layouts, normalise_context_layout
 from ctx_fairseq.errors import InputError
-from ctx_fairseq.models._fairseq_utils import VocabularyExtension
+from ctx_fairseq.data.vocabulary_rows import VocabularyExtension
 from ctx_fairseq.tasks.context_options import validate_context_options
 from ctx_fairseq.tasks.generation import (
     OwnTargetContextState,
