@@ -34,10 +34,30 @@ from fairseq.data.language_pair_dataset import collate as pair_collate
 from ctx_fairseq.data.segments import SegmentPlan, segment_lengths
 from ctx_fairseq.errors import InputError
 
-__all__ = ["SegmentDataset", "check_positions", "find_symbol"]
+__all__ = ["PairSizes", "SegmentDataset", "check_positions", "find_symbol"]
 
 
-class SegmentDataset(FairseqDataset):
+class PairSizes:
+    """fairseq's size methods of a dataset of sentence pairs whose lengths
+    are ``self.src_sizes`` and ``self._tgt`` (arrays; the target's zeros
+    without targets): a batch's cost is its longer side."""
+
+    def num_tokens(self, index):
+        return int(max(self.src_sizes[index], self._tgt[index]))
+
+    def num_tokens_vec(self, indices):
+        indices = np.asarray(indices, dtype=np.int64)
+        return np.maximum(self.src_sizes[indices], self._tgt[indices])
+
+    def size(self, index):
+        return (int(self.src_sizes[index]), int(self._tgt[index]))
+
+    @property
+    def sizes(self):
+        return np.vstack((self.src_sizes, self._tgt)).T
+
+
+class SegmentDataset(PairSizes, FairseqDataset):
     """Segments of ``plan`` over the sentence pairs ``base``; ``src_sep`` /
     ``tgt_sep``: the separator's index in each dictionary; ``doc_names``:
     the split's document names (in order of appearance), ``docids_path``
@@ -103,19 +123,6 @@ class SegmentDataset(FairseqDataset):
                             pad_to_multiple=getattr(b, "pad_to_multiple", 1))
 
     # ----------------------------------------------------------------- sizes
-    def num_tokens(self, index):
-        return int(max(self.src_sizes[index], self._tgt[index]))
-
-    def num_tokens_vec(self, indices):
-        indices = np.asarray(indices, dtype=np.int64)
-        return np.maximum(self.src_sizes[indices], self._tgt[indices])
-
-    def size(self, index):
-        return (int(self.src_sizes[index]), int(self._tgt[index]))
-
-    @property
-    def sizes(self):
-        return np.vstack((self.src_sizes, self._tgt)).T
 
     def ordered_indices(self):
         if self.base.shuffle:

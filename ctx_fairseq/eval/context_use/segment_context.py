@@ -56,6 +56,7 @@ from fairseq.data.language_pair_dataset import collate as pair_collate
 
 from ctx_fairseq.data.conditions import ContextCondition
 from ctx_fairseq.data.contract import task_options
+from ctx_fairseq.data.segment_dataset import PairSizes
 from ctx_fairseq.errors import InputError
 
 __all__ = ["is_segment_model", "SegmentContextDataset", "segment_condition_dataset",
@@ -77,7 +78,7 @@ def describe(task) -> str:
             f"{c.doc2doc_separator}), only its own target tokens counted")
 
 
-class SegmentContextDataset(FairseqDataset):
+class SegmentContextDataset(PairSizes, FairseqDataset):
     """Every sentence of ``base`` (a ``LanguagePairDataset`` of the split's
     sentences) as the last sentence of a segment of its context (module
     docstring); item ``i`` is sentence ``i``. ``doc_ids``: one document id
@@ -230,19 +231,9 @@ class SegmentContextDataset(FairseqDataset):
         return batch
 
     # ----------------------------------------------------------------- sizes
-    def num_tokens(self, index):
-        return int(max(self.src_sizes[index], self.tgt_sizes[index]))
-
-    def num_tokens_vec(self, indices):
-        indices = np.asarray(indices, dtype=np.int64)
-        return np.maximum(self.src_sizes[indices], self.tgt_sizes[indices])
-
-    def size(self, index):
-        return (int(self.src_sizes[index]), int(self.tgt_sizes[index]))
-
     @property
-    def sizes(self):
-        return np.vstack((self.src_sizes, self.tgt_sizes)).T
+    def _tgt(self):  # (PairSizes' name for the target lengths)
+        return self.tgt_sizes
 
     def ordered_indices(self):
         order = np.arange(len(self), dtype=np.int64)
