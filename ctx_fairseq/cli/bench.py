@@ -114,7 +114,8 @@ from ctx_fairseq.cli.bench_memory import (
     CudaMemoryStats, cpu_step_peak_bytes, resident_bytes, step_peak_bytes)
 from ctx_fairseq.cli.bench_report import (
     format_markdown, format_table, sweep_summary)
-from ctx_fairseq.cli.bench_specs import memory_sentences, parse_spec, split_specs
+from ctx_fairseq.cli.bench_specs import (memory_sentences, parse_spec, split_specs,
+                                          train_batches)
 from ctx_fairseq.data.contract import sentence_level, task_options
 from ctx_fairseq.cli.bench_doc2doc import doc2doc_of, segment_sample
 from ctx_fairseq.flops import attention_step_flops, device_peak_tflops, matmul_precision, mfu
@@ -261,12 +262,7 @@ class Bench:
         if model is not None:
             max_positions = fairseq_utils.resolve_max_positions(
                 task.max_positions(), model.max_positions(), a.max_tokens)
-        itr = task.get_batch_iterator(
-            ds, max_tokens=a.max_tokens, max_sentences=getattr(margs, "batch_size", None),
-            max_positions=max_positions, ignore_invalid_inputs=False,
-            required_batch_size_multiple=getattr(margs, "required_batch_size_multiple", 1),
-            seed=getattr(margs, "seed", seed), epoch=1, disable_iterator_cache=True)
-        batches = [np.asarray(b, dtype=np.int64) for b in itr.frozen_batches if len(b)]
+        batches = train_batches(task, ds, margs, a.max_tokens, seed, max_positions)
         first_doc = [b for b in batches if (b < a.doc_len).any()]
         if a.doc_batch == "last":
             batch = next(b for b in first_doc if a.doc_len - 1 in b.tolist())

@@ -53,7 +53,7 @@ import torch
 
 from ctx_fairseq.data.contract import task_options
 from ctx_fairseq.tasks.context_options import task_setting
-from ctx_fairseq.cli.bench_specs import parse_spec
+from ctx_fairseq.cli.bench_specs import parse_spec, train_batches
 
 __all__ = ["segment_sample", "segment_specs", "short_label", "run_segments", "format_segments",
            "segment_summary", "synthetic_segment_documents", "sentences_per_segment"]
@@ -125,12 +125,7 @@ def _segment_batch(bench, task, model, margs, length: int, seed: int, separators
                         task_setting(task, "max_target_positions"), "bench")
         max_positions = fairseq_utils.resolve_max_positions(
             task.max_positions(), model.max_positions(), a.max_tokens)
-    itr = task.get_batch_iterator(
-        ds, max_tokens=a.max_tokens, max_sentences=getattr(margs, "batch_size", None),
-        max_positions=max_positions, ignore_invalid_inputs=False,
-        required_batch_size_multiple=getattr(margs, "required_batch_size_multiple", 1),
-        seed=getattr(margs, "seed", seed), epoch=1, disable_iterator_cache=True)
-    batches = [np.asarray(b, dtype=np.int64) for b in itr.frozen_batches if len(b)]
+    batches = train_batches(task, ds, margs, a.max_tokens, seed, max_positions)
     batch = max(batches, key=lambda b: (int(ds.tgt_sizes[b].sum()), -int(b[0])))
     return ds, batch
 

@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-__all__ = ["split_specs", "parse_spec", "memory_sentences"]
+__all__ = ["split_specs", "parse_spec", "memory_sentences", "train_batches"]
 
 
 def split_specs(text: str) -> List[str]:
@@ -45,3 +45,17 @@ def memory_sentences(sample) -> Optional[int]:
     for a model without one."""
     mem = sample["net_input"].get("mem_src_tokens")
     return int(mem.size(0)) if torch.is_tensor(mem) else None
+
+
+def train_batches(task, ds, margs, max_tokens: int, seed: int, max_positions=None) -> List:
+    """The non-empty batches (index arrays) the task's own iterator forms over
+    ``ds`` with fairseq-train's arguments (``margs``: the model's namespace,
+    its batch size, multiple and seed), as ctx-bench measures them."""
+    import numpy as np
+
+    itr = task.get_batch_iterator(
+        ds, max_tokens=max_tokens, max_sentences=getattr(margs, "batch_size", None),
+        max_positions=max_positions, ignore_invalid_inputs=False,
+        required_batch_size_multiple=getattr(margs, "required_batch_size_multiple", 1),
+        seed=getattr(margs, "seed", seed), epoch=1, disable_iterator_cache=True)
+    return [np.asarray(b, dtype=np.int64) for b in itr.frozen_batches if len(b)]
