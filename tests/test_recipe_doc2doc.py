@@ -91,15 +91,18 @@ def test_the_table_reads_every_result(tmp_path):
             {"overall": {"accuracy": 0.5, "correct": 5, "n": 10, "ties": 0}}))
     (res / "gtrans" / "paired.json").write_text(json.dumps(
         {"sentences": {"p_value": 0.0004, "delta": 2.0}, "documents": None}))
+    (res / "gtrans" / "paired_segments.json").write_text(json.dumps(
+        {"sentences": {"p_value": 0.0004, "delta": 2.0}, "documents": None,
+         "segments": {"p_value": 0.0312, "delta": 1.5, "segments": 7}}))
     (res / "gtrans" / "doc2doc_split.json").write_text(json.dumps(
         {"segments": 7, "mismatched_segments": 0, "doc2doc_max_tokens": 128}))
     md = subprocess.run(["python", os.path.join(LIB, "doc2doc_table.py"), "md", str(res),
                          "sentence=transformer", "gtrans=G"], capture_output=True, text=True)
     assert md.returncode == 0, md.stderr
     assert ("| sentence | transformer | 10.00 | 11.00 | 10.50 | 10.00 | 11.00 | 10.50 "
-            "| 50.0 (5/10) | - | - |") in md.stdout
+            "| 50.0 (5/10) | - | - |") in md.stdout, md.stdout
     assert "| gtrans | G | 12.00 | 13.00 | 12.50 | 12.00 | 13.00 | 12.50 | 50.0 (5/10) " \
-        "| <0.001 / n/a | 7 (0) |" in md.stdout
+        "| <0.001 / n/a / 0.031 | 7 (0) |" in md.stdout, md.stdout
     assert "(7 segments" in md.stdout
 
 
@@ -142,6 +145,8 @@ def test_tvsub_doc2doc_rows_end_to_end(tmp_path):
         assert row["dp"]["items"] > 0, m
         if m != "transformer":
             assert "p_sentences" in row["paired_test"], m
+            # the paired test drawing whole segments of the shared map
+            assert row["paired_segments"]["segments"] == _lines(seg_map), m
     for m in D2D:
         _check_d2d_outputs(smoke, m, smoke / "docs" / "test.docids", seg_map)
         assert res["models"][m]["doc2doc_split"]["mismatched_segments"] == 0
@@ -180,6 +185,8 @@ def test_maruf_pipeline_doc2doc_rows_end_to_end(tmp_path):
         _check_d2d_outputs(smoke, m, smoke / "data-bin" / "test.docids", seg_map)
         assert (smoke / "results" / m / "contrastive_pronouns.json").exists(), m
         assert (smoke / "results" / m / "paired.json").exists(), m
+        g = json.loads((smoke / "results" / m / "paired_segments.json").read_text())["segments"]
+        assert g["segments"] == _lines(seg_map), m
     table = json.loads((smoke / "results" / "doc2doc.json").read_text())
     rows = {r["model"]: r for r in table["models"]}
     assert list(rows) == ["sentence", *D2D]

@@ -93,3 +93,93 @@ def test_cli_generate_output(tmp_path):
     got = json.loads(out.read_text())
     assert got["sentences"]["p_value"] == res["sentences"]["p_value"]
     assert got["sentences"]["segments"] == 30 and got["documents"]["p_value"] is None
+
+
+def _segment_map(n, docs, size):
+    """Segments of at most ``size`` consecutive sentences within each document."""
+    out, per = [], n // docs
+    for d in range(docs):
+        for a in range(d * per, (d + 1) * per, size):
+            out.append((a, min(size, (d + 1) * per - a)))
+    return out
+
+
+def test_segments_and_lowercase_are_sacrebleus_test_on_those_units():
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    base, system, refs, ids = _data()
+    # the system's differences are in case only on half the sentences: lower-casing
+    # must remove them from the test
+    upper = [s.upper() if k % 2 else s for k, s in enumerate(system)]
+    spans = _segment_map(200, 20, 3)  # 10 sentences per document: 3+3+3+1
+    assert len(spans) == 80
+    got = sig.paired_bootstrap(base, upper, [refs], ids, tokenize="none", n_samples=200,
+                               segments=spans, lowercase=True)
+    plain = sig.paired_bootstrap(base, system, [refs], ids, tokenize="none", n_samples=200,
+                                 segments=spans)
+    for unit in ("sentences", "documents", "segments"):
+        assert got[unit]["system"] == pytest.approx(plain[unit]["system"])
+        assert got[unit]["p_value"] == plain[unit]["p_value"]
+        assert "case:lc" in got[unit]["signature"]
+        assert "case:mixed" in plain[unit]["signature"]
+    joined = sig.spans_as_segments(system, spans)
+    assert joined[3] == system[9].strip() and joined[4] == " ".join(system[10:13])
+    _, scores = PairedTest([("b", sig.spans_as_segments(base, spans)), ("s", joined)],
+                           {"BLEU": BLEU(tokenize="none")},
+                           [sig.spans_as_segments(refs, spans)], test_type="bs",
+                           n_samples=200)()
+    assert plain["segments"]["p_value"] == scores["BLEU"][1].p_value
+    assert plain["segments"]["segments"] == 80
+    cased = sig.paired_bootstrap(base, upper, [refs], None, tokenize="none", n_samples=50)
+    assert cased["sentences"]["system"] < plain["sentences"]["system"] - 5
+
+
+def test_segment_map_must_cover_every_sentence_once():
+    base, system, refs, ids = _data(n=40, docs=4)
+    spans = _segment_map(40, 4, 4)
+    with pytest.raises(ValueError, match="exactly one segment"):
+        sig.paired_bootstrap(base, system, [refs], ids, segments=spans[:-1], n_samples=10)
+    few = sig.paired_bootstrap(base, system, [refs], ids, segments=_segment_map(40, 4, 10),
+                               tokenize="none", n_samples=20)
+    assert few["segments"]["p_value"] is None and "too few" in few["segments"]["note"]
+
+
+@pytest.mark.parametrize("segments, docids, match", [
+    ("0 1 2\n3 4\n", True, "in none: ids 5"),
+    ("0 1 2 3 4 5 6\n7 8 9\n", True, "crosses documents"),
+    ("0 1 2\n3 4 5 6 7 8 9\n", False, "needs --docids"),
+])
+def test_cli_segments_bad_map(tmp_path, segments, docids, match):
+    base, system, refs, ids = _data(n=10, docs=2)
+    for name, lines in (("b", base), ("s", system), ("r", refs), ("i", ids)):
+        (tmp_path / f"{name}.txt").write_text("".join(x + "\n" for x in lines))
+    (tmp_path / "map.txt").write_text(segments)
+    out = tmp_path / "paired.json"
+    argv = [sys.executable, "-m", "ctx_fairseq.eval.scoring.significance", "--baseline",
+            str(tmp_path / "b.txt"), "--system", str(tmp_path / "s.txt"), "--refs",
+            str(tmp_path / "r.txt"), "--segments", str(tmp_path / "map.txt"), "--out", str(out)]
+    if docids:
+        argv += ["--docids", str(tmp_path / "i.txt")]
+    p = subprocess.run(argv, capture_output=True, text=True)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("ctx-paired-bleu: error:") and match in last, p.stderr
+    assert str(tmp_path / "map.txt") in last or not docids
+    assert not out.exists()
+
+
+def test_cli_segments(tmp_path, capsys):
+    base, system, refs, ids = _data(n=200, docs=20)
+    for name, lines in (("b", base), ("s", system), ("r", refs), ("i", ids)):
+        (tmp_path / f"{name}.txt").write_text("".join(x + "\n" for x in lines))
+    spans = _segment_map(200, 20, 5)
+    (tmp_path / "map.txt").write_text(
+        "".join(" ".join(str(i) for i in range(a, a + k)) + "\n" for a, k in spans))
+    res = sig.cli_main(["--baseline", str(tmp_path / "b.txt"), "--system",
+                        str(tmp_path / "s.txt"), "--refs", str(tmp_path / "r.txt"), "--docids",
+                        str(tmp_path / "i.txt"), "--segments", str(tmp_path / "map.txt"),
+                        "--tokenize", "none", "--n-samples", "50", "--lowercase"])
+    assert res["segments"]["segments"] == 40 and res["lowercase"] is True
+    printed = capsys.readouterr().out
+    assert "over 40 segments: p = " in printed and "lower-cased" in printed

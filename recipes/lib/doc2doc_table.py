@@ -53,6 +53,9 @@ def row(results, model, label):
     rec["paired_vs_transformer"] = None if pj is None else {
         "p_sentences": pj["sentences"]["p_value"], "delta": pj["sentences"]["delta"],
         "p_documents": (pj.get("documents") or {}).get("p_value")}
+    ps = (_load(os.path.join(d, "paired_segments.json")) or {}).get("segments")
+    if rec["paired_vs_transformer"] is not None and ps is not None:
+        rec["paired_vs_transformer"]["p_segments"] = ps["p_value"]
     sp = _load(os.path.join(d, "doc2doc_split.json"))
     rec["doc2doc_split"] = None if sp is None else {
         k: sp.get(k) for k in ("segments", "mismatched_segments", "doc2doc_max_tokens")}
@@ -62,7 +65,7 @@ def row(results, model, label):
 def markdown(rows):
     out = ["| model | architecture | s-BLEU | d-BLEU (documents) | d-BLEU (segments) "
            "| sacreBLEU s | d (documents) | d (segments) | pronoun suite % (correct/n) "
-           "| p vs transformer (sentences / documents) | segments (mismatched) |",
+           "| p vs transformer (sentences / documents / segments) | segments (mismatched) |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     sigs = set()
     for r in rows:
@@ -72,7 +75,8 @@ def markdown(rows):
         acc = "-" if not c or c["accuracy"] is None else \
             f"{100 * c['accuracy']:.1f} ({c['correct']}/{c['n']})"
         pj = r["paired_vs_transformer"]
-        p = "-" if pj is None else f"{_p(pj['p_sentences'])} / {_p(pj['p_documents'])}"
+        p = "-" if pj is None else (f"{_p(pj['p_sentences'])} / {_p(pj['p_documents'])} / "
+                                    + (_p(pj["p_segments"]) if "p_segments" in pj else "-"))
         sp = r["doc2doc_split"]
         segs = "-" if sp is None else f"{sp['segments']} ({sp['mismatched_segments']})"
         out.append(f"| {r['model']} | {r['architecture']} | {_b(t['s_bleu'])} "
@@ -90,8 +94,8 @@ def markdown(rows):
             "original text (13a). A segment model's output is split back into sentences by "
             "ctx-doc2doc-split (generated with the sentence-count frame: no segment with another "
             "number of sentences than its source). The pronoun suite scores a segment model's sentence as the last of a segment of its previous sentences, whose translations are the references (a forced prefix: an oracle, as for concat's target context). p: sacreBLEU's paired bootstrap of the "
-            "tokenized BLEU against the sentence-level transformer (n/a: fewer than 10 "
-            "documents). Signatures: " + "; ".join(sorted(sigs)) + "."]
+            "tokenized BLEU against the sentence-level transformer, drawing sentences, documents or "
+            "the map's segments (n/a: fewer than 10 documents). Signatures: " + "; ".join(sorted(sigs)) + "."]
     return "\n".join(out) + "\n"
 
 

@@ -893,6 +893,10 @@ ctx_maruf_pipeline() {
             step "segbleu_$m" ctx_maruf_segment_bleu "$m" \
                 "$WORK/segments/test.$D2D_MAX_TOKENS.segments" "$WORK/tok/test.$t" "$WORK/docs/test.$t"
         done
+        for m in "${DOC_MODELS[@]}"; do
+            step "pairedseg_$m" d2d_paired_segments "$m" sentence \
+                "$WORK/segments/test.$D2D_MAX_TOKENS.segments" "$bin/test.docids" "$WORK/tok/test.$t"
+        done
     fi
     ctx_maruf_report
     log "done: $WORK/results/summary.md"

@@ -155,6 +155,21 @@ d2d_segment_bleu() {
     ctx_logged "$out/$prefix.log" bleu "$gen" "$docids" "$out" --segments "$map" --prefix "$prefix" "$@"
 }
 
+# d2d_paired_segments NAME BASELINE MAP DOCIDS REFS...: sacreBLEU's paired bootstrap
+# (ctx-paired-bleu, ctx_fairseq.eval.scoring.significance) of NAME's tokenized BLEU
+# ($WORK/generate/NAME.txt, H- lines, --tokenize none) against BASELINE's over the
+# segments of MAP (each segment one unit: the per-segment d-BLEU), with its tests
+# over sentences and documents, into $WORK/results/NAME/paired_segments.json
+d2d_paired_segments() {
+    local name=$1 base=$2 map=$3 docids=$4
+    shift 4
+    mkdir -p "$WORK/results/$name"
+    ctx_logged "$WORK/results/$name/paired_segments.log" "$PY" -m ctx_fairseq.eval.scoring.significance \
+        --generate --baseline "$WORK/generate/$base.txt" --system "$WORK/generate/$name.txt" \
+        --refs "$@" --docids "$docids" --segments "$map" --tokenize none \
+        --out "$WORK/results/$name/paired_segments.json"
+}
+
 # ------------------------------------------------------------------ the Maruf et al. pipeline
 # (recipes/lib/steps_context.sh: ctx_maruf_pipeline runs these for concat and the doc2doc rows)
 

@@ -178,6 +178,12 @@ def collect(work, mode, models):
         if seg:  # issue 39: the per-segment d-BLEU (the doc2doc rows' segment map)
             row["d_bleu_segments_first_ref"] = seg["segment_level"]["bleu"]
             row["segments"] = seg["segment_level"]["segments"]
+        ps = _load(os.path.join(d, "paired_segments.json"))
+        if ps and ps.get("segments"):  # the paired bootstrap over those segments
+            g = ps["segments"]
+            row["paired_segments"] = {"p_segments": g["p_value"], "delta_d_bleu": g["delta"],
+                                      "segments": g["segments"], "note": g.get("note"),
+                                      "signature": g["signature"]}
         split = _load(os.path.join(d, "doc2doc_split.json"))
         if split:
             row["doc2doc_split"] = {k: split.get(k) for k in (
@@ -594,7 +600,7 @@ def doc2doc_lines(res):
              "segment", "",
              "| model | architecture | s-BLEU (all refs) [p] | s-BLEU (first ref) "
              "| d-BLEU documents (all refs) | d-BLEU documents (first ref) "
-             "| d-BLEU segments (first ref) | DP recall % | DP contrastive % true / shuffled "
+             "| d-BLEU segments (first ref) [p] | DP recall % | DP contrastive % true / shuffled "
              "| segments (mismatched) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m, r in rows:
         pt = r.get("paired_test")
@@ -609,8 +615,9 @@ def doc2doc_lines(res):
             f"| {m} | {r['architecture']} | {_fmt(r.get('bleu_all_refs'))}"
             + (f" [{_p(pt['p_sentences'])}]" if pt else "")
             + f" | {_fmt(r.get('bleu_first_ref'))} | {_fmt(r.get('d_bleu_all_refs'))} "
-            f"| {_fmt(r.get('d_bleu_first_ref'))} | {_fmt(r.get('d_bleu_segments_first_ref'))} "
-            f"| {_pc(dp.get('recall'))} | {acc('true')} / {acc('shuffled')} "
+            f"| {_fmt(r.get('d_bleu_first_ref'))} | {_fmt(r.get('d_bleu_segments_first_ref'))}"
+            + (f" [{_p(r['paired_segments']['p_segments'])}]" if r.get("paired_segments") else "")
+            + f" | {_pc(dp.get('recall'))} | {acc('true')} / {acc('shuffled')} "
             f"| {'-' if not sp else str(sp['segments']) + ' (' + str(sp['mismatched_segments']) + ')'} |")
     n = next((r.get("segments") for _, r in rows if r.get("segments")), None)
     lines += ["", "s-BLEU: corpus BLEU over the sentences; d-BLEU documents: each episode's "
@@ -621,7 +628,9 @@ def doc2doc_lines(res):
               "(doc2doc, doc2doc_mr, gtrans) translate segments with the sentence-count frame "
               "(`--doc2doc-frame`), split back into sentences by ctx-doc2doc-split (mismatched: "
               "segments with another number of sentences than their source; 0 under the frame). "
-              "p: paired bootstrap against `transformer` (above). DP: the dropped-pronoun "
+              "p: paired bootstrap against `transformer` (above); for the segments, sacreBLEU's "
+              "paired bootstrap drawing whole segments (ctx-paired-bleu --segments, the first "
+              "reference, results/MODEL/paired_segments.json). DP: the dropped-pronoun "
               "figures below."]
     return lines
 

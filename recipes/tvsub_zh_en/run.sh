@@ -764,6 +764,13 @@ if d2d_any "${MODEL_LIST[@]}"; then
     for m in sentence "${MODEL_LIST[@]}"; do
         step "segbleu_$m" segbleu_model "$m" "$WORK/segments/test.$D2D_MAX_TOKENS.segments"
     done
+    if [[ " ${MODEL_LIST[*]} " == *" transformer "* ]]; then
+        for m in sentence "${MODEL_LIST[@]}"; do
+            [ "$m" = transformer ] || step "pairedseg_$m" d2d_paired_segments "$m" transformer \
+                "$WORK/segments/test.$D2D_MAX_TOKENS.segments" "$WORK/docs/test.docids" \
+                "$WORK/docs/test.ref0.$L2"
+        done
+    fi
 fi
 # BLEU against the transformer (the sentence-level model of the same stage-2
 # budget), paired bootstrap, for every other model
