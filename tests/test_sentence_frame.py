@@ -150,6 +150,61 @@ def test_every_hypothesis_keeps_the_sentences(bias_on, value, beam):
     assert gen.max_len_b == 200 and "forward_decoder" not in gen.model.__dict__  # restored
 
 
+def _reached_by_hand(hypos, sample, d, opts):
+    sep = d.index(SEP)
+    n, lengths = source_sentence_lengths(sample["net_input"]["src_tokens"], sep, d.eos(),
+                                         d.pad())
+    reached = total = 0
+    for r, row in enumerate(hypos):
+        t = row[0]["tokens"].tolist()[:-1]
+        pieces = " ".join(map(str, t)).split(str(sep))
+        for i, p in enumerate(pieces):
+            cap = max(int(math.floor(opts.max_len_a * int(lengths[r, i]) + opts.max_len_b)),
+                      opts.min_sentence_len)
+            reached += len(p.split()) >= cap
+            total += 1
+    return reached, total
+
+
+@pytest.mark.parametrize("bias_on, expect", [("never", "all"), ("sep", "none"),
+                                             (None, None)])
+def test_sentences_at_their_maximum_are_counted(bias_on, expect, caplog):
+    """``at_maximum``: the best hypotheses' sentences that reached ``L_i``,
+    as counted by hand; a model that never ends a sentence has every one
+    there, one that ends each as soon as it may (``m`` below every ``L_i``)
+    none; the task warns with the count and a running total."""
+    d = _dictionary()
+    opts = FrameOptions(min_sentence_len=1, max_len_a=1.0, max_len_b=2)
+    bias = torch.zeros(len(d))
+    if bias_on == "never":
+        bias[d.eos()] = bias[d.index(SEP)] = -30.0
+    elif bias_on == "sep":
+        bias[d.eos()] = bias[d.index(SEP)] = 30.0
+    gen = SequenceGenerator(_StubEnsemble(len(d), bias), d, beam_size=3)
+    sample = _segments(d, SHAPES)
+    with SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts) as frame:
+        hypos = gen.generate(None, sample)
+    got = frame.at_maximum(hypos).tolist()
+    assert got == list(_reached_by_hand(hypos, sample, d, opts))
+    total = sum(len(x) for x in SHAPES)
+    assert got[1] == total
+    if expect == "all":
+        assert got[0] == total
+    elif expect == "none":
+        assert got[0] == 0
+    # the task's warning: count and running total
+    model = _tiny_transformer(d)
+    task = _task(_cfg(doc2doc_frame=True, doc2doc_max_len_a=0.0, doc2doc_max_len_b=1), d)
+    g2 = SequenceGenerator([model], d, beam_size=2)
+    with caplog.at_level("WARNING"):
+        task.inference_step(g2, [model], sample)
+        task.inference_step(g2, [model], sample)
+    msgs = [r.getMessage() for r in caplog.records if "reached their maximum" in r.getMessage()]
+    # every sentence has L_i = max(0 * |x_i| + 1, 1) = 1 = m: all reach it
+    assert len(msgs) == 2 and f"{total} of {total} sentences" in msgs[0], msgs
+    assert f"({2 * total} of {2 * total} so far)" in msgs[1], msgs
+
+
 def test_model_positions_cap_the_output_and_counts_still_hold():
     """The model's maximum target positions below the frame's sum: every
     hypothesis still has its ``n`` sentences (they end before their own

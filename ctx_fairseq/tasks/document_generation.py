@@ -142,8 +142,30 @@ class DocumentGenerationMixin:
         tgt_sep = self.target_dictionary.index(opts.separator)
         with SentenceFrame(generator, sample, src_sep, tgt_sep, opts,
                            src_pad=self.source_dictionary.pad(),
-                           src_eos=self.source_dictionary.eos(), describe=self._describe_segment):
-            return self._inference_step(generator, models, sample, None, None)
+                           src_eos=self.source_dictionary.eos(),
+                           describe=self._describe_segment) as frame:
+            hypos = self._inference_step(generator, models, sample, None, None)
+        self._count_at_maximum(frame, hypos, opts)
+        return hypos
+
+    def _count_at_maximum(self, frame, hypos, opts) -> None:
+        """Under the frame: the sentences of the best hypotheses that reached
+        their maximum ``a * |x_i| + b`` tokens (the frame ended them there);
+        a batch with any is warned about, with the count and the running
+        total (one read of two numbers per batch, after the search)."""
+        if not hypos:
+            return
+        reached, total = (int(v) for v in frame.at_maximum(hypos).tolist())
+        seen = self.__dict__.setdefault("_sentences_at_maximum", [0, 0])
+        seen[0] += reached
+        seen[1] += total
+        if reached:
+            logger.warning(
+                f"sentence-count frame: {reached} of {total} sentences of this batch "
+                f"({seen[0]} of {seen[1]} so far) reached their maximum length "
+                f"(--doc2doc-max-len-a {opts.max_len_a} * source sentence length + "
+                f"--doc2doc-max-len-b {opts.max_len_b}) and were ended there; raise them if "
+                "these are cut translations")
 
     def _count_cut_segments(self, generator, sample, hypos) -> None:
         """doc2doc without the frame: a segment whose best hypothesis reached

@@ -46,9 +46,12 @@ per call on the device from ``src_tokens`` (vectorised: the separators'
 lengths); ``k`` and ``c`` are kept per hypothesis and updated from the last
 token of each step, reordered with the beams (``reorder_incremental_state``:
 the generator's new order of the hypotheses, finished rows removed), as is
-each hypothesis's batch row. The only read to the host is one per call, of
-two numbers (the batch's longest frame and shortest feasible length), to set
-``T`` before the search starts.
+each hypothesis's batch row. The only read to the host during the search is
+one per call, of two numbers (the batch's longest frame and shortest feasible
+length), to set ``T`` before the search starts; after it, one more of two
+numbers: how many sentences of the best hypotheses reached their ``L_i``
+(:meth:`SentenceFrame.at_maximum`; the task logs a warning with the count
+and the running total, as for the cut segments of doc2doc without the frame).
 
 Not combined with ``--prefix-size``, ``--constraints``, ``--match-source-len``,
 ``--min-len`` above 1 (the frame sets the lengths) or ``--no-repeat-ngram-size``
@@ -223,6 +226,23 @@ class SentenceFrame(GeneratorCallWrapper):
         saved = {"max_len_a": g.max_len_a, "max_len_b": g.max_len_b}
         g.max_len_a, g.max_len_b = 0, self.max_len
         return self._wrap_model(saved)
+
+    def at_maximum(self, hypos) -> torch.Tensor:
+        """``[reached, sentences]`` (a 2-vector on the device): over the best
+        hypothesis of each row of the call's batch (``hypos`` as the generator
+        returns them, in batch order), the sentences whose length reached
+        their maximum ``L_i`` (the frame ended them there: cut, unless the
+        sentence was that long anyway) and all sentences. Read by the caller
+        once per batch, after the search."""
+        best = [h[0]["tokens"] for h in hypos]
+        pad = self.gen.pad
+        out = torch.nn.utils.rnn.pad_sequence(best, batch_first=True, padding_value=pad)
+        _, lengths = source_sentence_lengths(out, self.sep, self.eos, pad)
+        w = min(lengths.size(1), self.cap.size(1))
+        in_row = (torch.arange(w, device=out.device).unsqueeze(0)
+                  < self.n.to(out.device).unsqueeze(1))
+        reached = (lengths[:, :w].ge(self.cap[:, :w].to(out.device)) & in_row).sum()
+        return torch.stack([reached, in_row.sum()])
 
     def reorder_incremental_state(self, incremental_states, new_order):
         self.rows = self.rows.index_select(0, new_order)
