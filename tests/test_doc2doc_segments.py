@@ -232,6 +232,24 @@ def test_a_segment_over_the_positions_is_refused(toy_bin):
         task.load_dataset("test")
 
 
+def test_max_tokens_below_the_longest_segment_is_one_line(toy_bin):
+    """fairseq's batching asserts every sample fits --max-tokens (a
+    traceback): the task names the longest segment and the setting instead;
+    --max-tokens at that length batches."""
+    task = _task(toy_bin, *D2D, "--doc2doc-max-tokens", "40")
+    task.load_dataset("test")
+    ds = task.dataset("test")
+    longest = int(ds.num_tokens_vec(np.arange(len(ds))).max())
+    assert longest > 20
+    with pytest.raises(InputError, match=rf"--max-tokens 20 \(--max-tokens-valid in validation\) "
+                                         rf"cannot hold segment \d+ \(document '.*' of "
+                                         rf".*test.docids, sentences \d+-\d+\): \d+ tokens .* "
+                                         rf"set --max-tokens to at least {longest}$"):
+        task.get_batch_iterator(ds, max_tokens=20)
+    itr = task.get_batch_iterator(ds, max_tokens=longest)
+    assert sum(len(b) for b in itr.frozen_batches) == len(ds)
+
+
 def _tiny_corpus(tmp_path, src_lines, tgt_lines, docids, dict_from=None):
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -164,6 +164,26 @@ def check_positions(ds: SegmentDataset, max_source: Optional[int], max_target: O
                 "at all)")
 
 
+def check_segments_fit_batches(ds: "SegmentDataset", max_tokens: Optional[int]) -> None:
+    """A batch of ``max_tokens`` must hold the longest segment (fairseq's
+    batching asserts it, with a traceback): a one-line error naming the
+    segment, its document and sentences, and the setting to raise."""
+    if max_tokens is None or not len(ds):
+        return
+    cost = ds.num_tokens_vec(np.arange(len(ds)))
+    over = np.flatnonzero(cost > int(max_tokens))
+    if len(over):
+        i = int(over[np.argmax(cost[over])])
+        ids = ds.sentence_ids(i)
+        raise InputError(
+            f"--max-tokens {max_tokens} (--max-tokens-valid in validation) cannot hold segment "
+            f"{i} (document {ds.doc_names[ds.plan.doc[i]]!r} of {ds.docids_path}, sentences "
+            f"{ids[0]}-{ids[-1]}): {int(cost[i])} tokens on its longer side ({len(over)} "
+            f"segment(s) over it); doc2doc segments reach --doc2doc-max-tokens "
+            f"{ds.plan.max_tokens} (a single longer sentence is a segment alone): set "
+            f"--max-tokens to at least {int(cost.max())}")
+
+
 def find_symbol(dataset, symbol: int) -> Optional[int]:
     """The first sentence of an indexed dataset (one side of the binaries)
     that holds token ``symbol``, or None."""

@@ -153,6 +153,7 @@ from fairseq.tasks.translation import TranslationTask
 from ctx_fairseq.data.concat_dataset import ConcatContextDataset
 from ctx_fairseq.data.contract import ContextSpec, model_contract
 from ctx_fairseq.data.document_dataset import DocumentContextDataset
+from ctx_fairseq.data.segment_dataset import SegmentDataset, check_segments_fit_batches
 from ctx_fairseq.data.batching import DocumentShardedEpochBatchIterator, document_groups
 from ctx_fairseq.data.layouts import merge_context_layouts, normalise_context_layout
 from ctx_fairseq.errors import InputError
@@ -253,6 +254,8 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
             self._interactive.expected = deque(
                 (dataset, np.asarray(b, dtype=np.int64)) for b in itr.frozen_batches if len(b))
             return itr
+        if isinstance(dataset, SegmentDataset):
+            check_segments_fit_batches(dataset, max_tokens)
         # fairseq deals the shuffled batches round-robin, so that the batches of an
         # update depend on (seed, epoch) only: N workers run the micro-batches one
         # process with --update-freq N runs. Every batch carries its own context (or
