@@ -320,8 +320,10 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
         warned.add(key)
         logger.warning(
             "worker %d of %d gets no batch: %d %s for %d workers, so it runs padding batches "
-            "only (no gradient, no sentences); use fewer workers or smaller batches "
-            "(--max-tokens / --batch-size)", shard_id, num_shards, count, what, num_shards)
+            "only (in training it contributes no gradient, in validation no sentence; the "
+            "other workers' figures are exact); use fewer workers or smaller batches "
+            "(--max-tokens / --batch-size, --max-tokens-valid / --batch-size-valid)", shard_id,
+            num_shards, count, what, num_shards)
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
