@@ -320,8 +320,8 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
         warned.add(key)
         logger.warning(
             "worker %d of %d gets no batch: %d %s for %d workers, so it runs padding batches "
-            "only (in training it contributes no gradient, in validation no sentence; the "
-            "other workers' figures are exact); use fewer workers or smaller batches "
+            "only (in training it contributes no gradient, in validation no sentence); "
+            "use fewer workers or smaller batches "
             "(--max-tokens / --batch-size, --max-tokens-valid / --batch-size-valid)", shard_id,
             num_shards, count, what, num_shards)
 
