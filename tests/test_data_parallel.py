@@ -61,6 +61,13 @@ SETTINGS = {
                         "--doc2doc", "greedy", "--doc2doc-max-tokens", "60"], False),
     "doc2doc_multires": ([*DOC, "--arch", "transformer_gtrans", "--source-context-size", "0",
                           "--doc2doc", "multires", "--doc2doc-max-tokens", "60"], False),
+    # the other architectures (ctx-demo's options for each)
+    "han": ([*DOC, "--arch", "transformer_han", "--source-context-size", "3",
+             "--target-context-size", "3"], True),
+    "zhang2018": ([*DOC, "--arch", "transformer_doc_zhang2018", "--source-context-size", "2",
+                   "--freeze-sentence-level"], True),
+    "dc": (["--arch", "transformer_dc"], False),
+    "hybrid": (["--arch", "transformer_hybrid"], False),
 }
 
 
