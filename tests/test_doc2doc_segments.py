@@ -234,20 +234,39 @@ def test_a_segment_over_the_positions_is_refused(toy_bin):
 
 def test_max_tokens_below_the_longest_segment_is_one_line(toy_bin):
     """fairseq's batching asserts every sample fits --max-tokens (a
-    traceback): the task names the longest segment and the setting instead;
-    --max-tokens at that length batches."""
+    traceback), or, where it filters by size, skips the segments over it:
+    below --doc2doc-max-tokens both are refused with the segment and the
+    value to set; at or above it only a single over-long sentence can exceed
+    --max-tokens, refused where fairseq would assert and left to fairseq's
+    filter where it filters (as for sentence-level data)."""
     task = _task(toy_bin, *D2D, "--doc2doc-max-tokens", "40")
     task.load_dataset("test")
     ds = task.dataset("test")
-    longest = int(ds.num_tokens_vec(np.arange(len(ds))).max())
+    cost = ds.num_tokens_vec(np.arange(len(ds)))
+    longest = int(cost.max())
     assert longest > 20
-    with pytest.raises(InputError, match=rf"--max-tokens 20 \(--max-tokens-valid in validation\) "
-                                         rf"cannot hold segment \d+ \(document '.*' of "
-                                         rf".*test.docids, sentences \d+-\d+\): \d+ tokens .* "
-                                         rf"set --max-tokens to at least {longest}$"):
+    msg = (r"--max-tokens 20 \(--max-tokens-valid in validation\) cannot hold segment \d+ "
+           r"\(document '.*' of .*test.docids, sentences \d+-\d+\): \d+ tokens .* set the "
+           rf"batch size to at least {longest} tokens$")
+    with pytest.raises(InputError, match=msg):
         task.get_batch_iterator(ds, max_tokens=20)
+    with pytest.raises(InputError, match=msg):  # training's filter would skip them
+        task.get_batch_iterator(ds, max_tokens=20, max_positions=(1024, 1024),
+                                ignore_invalid_inputs=True)
     itr = task.get_batch_iterator(ds, max_tokens=longest)
     assert sum(len(b) for b in itr.frozen_batches) == len(ds)
+    # a single sentence over the limit (a segment alone) over --max-tokens >= the limit
+    task = _task(toy_bin, *D2D, "--doc2doc-max-tokens", "6")
+    task.load_dataset("test")
+    ds = task.dataset("test")
+    cost = ds.num_tokens_vec(np.arange(len(ds)))
+    assert cost.max() > 8 and (ds.plan.counts[cost > 8] == 1).all()
+    with pytest.raises(InputError, match=r"--max-tokens 8 .* set the batch size to at least"):
+        task.get_batch_iterator(ds, max_tokens=8)
+    itr = task.get_batch_iterator(ds, max_tokens=8, max_positions=(8, 8),
+                                  ignore_invalid_inputs=True)
+    kept = sum(len(b) for b in itr.frozen_batches)
+    assert kept == int((cost <= 8).sum()) < len(ds)  # fairseq's filter skipped the others
 
 
 def _tiny_corpus(tmp_path, src_lines, tgt_lines, docids, dict_from=None):

@@ -151,28 +151,32 @@ def test_every_hypothesis_keeps_the_sentences(bias_on, value, beam):
 
 
 def _reached_by_hand(hypos, sample, d, opts):
+    """Sentences of the best hypotheses at their ``L_i`` and all sentences,
+    counted on Python lists (the source's sentence lengths too)."""
     sep = d.index(SEP)
-    n, lengths = source_sentence_lengths(sample["net_input"]["src_tokens"], sep, d.eos(),
-                                         d.pad())
     reached = total = 0
     for r, row in enumerate(hypos):
-        t = row[0]["tokens"].tolist()[:-1]
-        pieces = " ".join(map(str, t)).split(str(sep))
-        for i, p in enumerate(pieces):
-            cap = max(int(math.floor(opts.max_len_a * int(lengths[r, i]) + opts.max_len_b)),
+        src = [x for x in sample["net_input"]["src_tokens"][r].tolist() if x != d.pad()]
+        src_lens = [len(p.split()) for p in " ".join(map(str, src[:-1])).split(str(sep))]
+        out = row[0]["tokens"].tolist()[:-1]
+        pieces = [len(p.split()) for p in " ".join(map(str, out)).split(str(sep))]
+        assert len(pieces) == len(src_lens)
+        for n_src, n_out in zip(src_lens, pieces):
+            cap = max(int(math.floor(opts.max_len_a * n_src + opts.max_len_b)),
                       opts.min_sentence_len)
-            reached += len(p.split()) >= cap
+            reached += n_out >= cap
             total += 1
     return reached, total
 
 
 @pytest.mark.parametrize("bias_on, expect", [("never", "all"), ("sep", "none"),
                                              (None, None)])
-def test_sentences_at_their_maximum_are_counted(bias_on, expect, caplog):
+def test_sentences_at_their_maximum_are_counted(bias_on, expect):
     """``at_maximum``: the best hypotheses' sentences that reached ``L_i``,
     as counted by hand; a model that never ends a sentence has every one
     there, one that ends each as soon as it may (``m`` below every ``L_i``)
-    none; the task warns with the count and a running total."""
+    none; no row capped by the positions here; a row without hypotheses is
+    left out."""
     d = _dictionary()
     opts = FrameOptions(min_sentence_len=1, max_len_a=1.0, max_len_b=2)
     bias = torch.zeros(len(d))
@@ -185,24 +189,50 @@ def test_sentences_at_their_maximum_are_counted(bias_on, expect, caplog):
     with SentenceFrame(gen, sample, d.index(SEP), d.index(SEP), opts) as frame:
         hypos = gen.generate(None, sample)
     got = frame.at_maximum(hypos).tolist()
-    assert got == list(_reached_by_hand(hypos, sample, d, opts))
+    assert got == [*_reached_by_hand(hypos, sample, d, opts), 0]
     total = sum(len(x) for x in SHAPES)
     assert got[1] == total
     if expect == "all":
         assert got[0] == total
     elif expect == "none":
         assert got[0] == 0
-    # the task's warning: count and running total
+    without = frame.at_maximum([hypos[0], [], *hypos[2:]]).tolist()
+    assert without[1] == total - len(SHAPES[1])
+
+
+def test_the_task_warns_with_the_counts(caplog):
+    """The task's warnings: the sentences at their maximum as counted by hand
+    on the hypotheses it returned, with a running total; with the model's
+    positions below the frame's sum, the segments that reached them."""
+    d = _dictionary()
     model = _tiny_transformer(d)
-    task = _task(_cfg(doc2doc_frame=True, doc2doc_max_len_a=0.0, doc2doc_max_len_b=1), d)
-    g2 = SequenceGenerator([model], d, beam_size=2)
+    sample = _segments(d, SHAPES)
+    opts = FrameOptions(min_sentence_len=1, max_len_a=0.5, max_len_b=1)
+    task = _task(_cfg(doc2doc_frame=True, doc2doc_max_len_a=0.5, doc2doc_max_len_b=1), d)
+    # (the stub's log-probabilities, ends favoured a little: sentences end at various lengths)
+    ends = torch.zeros(len(d))
+    ends[d.eos()] = ends[d.index(SEP)] = 2.0
+    gen = SequenceGenerator(_StubEnsemble(len(d), ends, seed=3), d, beam_size=2)
     with caplog.at_level("WARNING"):
-        task.inference_step(g2, [model], sample)
-        task.inference_step(g2, [model], sample)
+        hypos = task.inference_step(gen, [model], sample)
+        task.inference_step(gen, [model], sample)
+    reached, total = _reached_by_hand(hypos, sample, d, opts)
+    assert 0 < reached < total, (reached, total)  # a mix: the count is informative
     msgs = [r.getMessage() for r in caplog.records if "reached their maximum" in r.getMessage()]
-    # every sentence has L_i = max(0 * |x_i| + 1, 1) = 1 = m: all reach it
-    assert len(msgs) == 2 and f"{total} of {total} sentences" in msgs[0], msgs
-    assert f"({2 * total} of {2 * total} so far)" in msgs[1], msgs
+    assert len(msgs) == 2 and f"{reached} of {total} sentences of this batch" in msgs[0], msgs
+    assert f"({2 * reached} of {2 * total} so far)" in msgs[1], msgs
+    assert "--doc2doc-min-sentence-len 1" in msgs[0]
+    # positions below the frame's sum: a model that never ends a sentence fills them
+    bias = torch.zeros(len(d))
+    bias[d.eos()] = bias[d.index(SEP)] = -30.0
+    stub = SequenceGenerator(_StubEnsemble(len(d), bias, positions=9), d, beam_size=2)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        task.inference_step(stub, [model], _segments(d, [[6, 2, 3], [4, 4]]))
+    capped = [r.getMessage() for r in caplog.records
+              if "segments of this batch" in r.getMessage()]
+    assert len(capped) == 1 and "1 of 2 segments" in capped[0], caplog.text
+    assert "maximum target positions (8 output tokens)" in capped[0]
 
 
 def test_model_positions_cap_the_output_and_counts_still_hold():

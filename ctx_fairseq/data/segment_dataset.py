@@ -164,24 +164,38 @@ def check_positions(ds: SegmentDataset, max_source: Optional[int], max_target: O
                 "at all)")
 
 
-def check_segments_fit_batches(ds: "SegmentDataset", max_tokens: Optional[int]) -> None:
-    """A batch of ``max_tokens`` must hold the longest segment (fairseq's
-    batching asserts it, with a traceback): a one-line error naming the
-    segment, its document and sentences, and the setting to raise."""
+def check_segments_fit_batches(ds: "SegmentDataset", max_tokens: Optional[int],
+                               skip_invalid: bool = False) -> None:
+    """A batch of ``max_tokens`` must hold every segment it is given:
+
+    * ``max_tokens`` below the plan's own limit (``--doc2doc-max-tokens``)
+      with a segment over it is a configuration error, always refused (fairseq
+      would assert, or, where it filters by size, skip a share of the split:
+      a training set or a translation with segments missing);
+    * otherwise only a single sentence longer than the limit (a segment alone)
+      can exceed ``max_tokens``: refused where fairseq would assert (no
+      size filter: validation and generation without
+      ``--skip-invalid-size-inputs-valid-test``), left to fairseq's filter
+      (skipped with its warning, as for sentence-level data) where it filters
+      (``skip_invalid``: training, or that option).
+
+    The error is one line naming the longest such segment, its document and
+    sentences, and the value to set."""
     if max_tokens is None or not len(ds):
         return
     cost = ds.num_tokens_vec(np.arange(len(ds)))
     over = np.flatnonzero(cost > int(max_tokens))
-    if len(over):
-        i = int(over[np.argmax(cost[over])])
-        ids = ds.sentence_ids(i)
-        raise InputError(
-            f"--max-tokens {max_tokens} (--max-tokens-valid in validation) cannot hold segment "
-            f"{i} (document {ds.doc_names[ds.plan.doc[i]]!r} of {ds.docids_path}, sentences "
-            f"{ids[0]}-{ids[-1]}): {int(cost[i])} tokens on its longer side ({len(over)} "
-            f"segment(s) over it); doc2doc segments reach --doc2doc-max-tokens "
-            f"{ds.plan.max_tokens} (a single longer sentence is a segment alone): set "
-            f"--max-tokens to at least {int(cost.max())}")
+    if not len(over) or (skip_invalid and int(max_tokens) >= ds.plan.max_tokens):
+        return
+    i = int(over[np.argmax(cost[over])])
+    ids = ds.sentence_ids(i)
+    raise InputError(
+        f"--max-tokens {max_tokens} (--max-tokens-valid in validation) cannot hold segment "
+        f"{i} (document {ds.doc_names[ds.plan.doc[i]]!r} of {ds.docids_path}, sentences "
+        f"{ids[0]}-{ids[-1]}): {int(cost[i])} tokens on its longer side ({len(over)} "
+        f"segment(s) over it); doc2doc segments reach --doc2doc-max-tokens "
+        f"{ds.plan.max_tokens} (a single longer sentence is a segment alone): set the batch "
+        f"size to at least {int(cost.max())} tokens")
 
 
 def find_symbol(dataset, symbol: int) -> Optional[int]:

@@ -150,22 +150,34 @@ class DocumentGenerationMixin:
 
     def _count_at_maximum(self, frame, hypos, opts) -> None:
         """Under the frame: the sentences of the best hypotheses that reached
-        their maximum ``a * |x_i| + b`` tokens (the frame ended them there);
-        a batch with any is warned about, with the count and the running
-        total (one read of two numbers per batch, after the search)."""
+        their maximum ``max(floor(a * |x_i| + b), m)`` tokens (the frame ended
+        them there), and the segments whose output reached the model's
+        positions where those capped the frame; a batch with any is warned
+        about, with the counts and the running totals of this process (one
+        read of three numbers per batch, after the search)."""
         if not hypos:
             return
-        reached, total = (int(v) for v in frame.at_maximum(hypos).tolist())
-        seen = self.__dict__.setdefault("_sentences_at_maximum", [0, 0])
+        reached, total, capped = (int(v) for v in frame.at_maximum(hypos).tolist())
+        seen = self.__dict__.setdefault("_sentences_at_maximum", [0, 0, 0, 0])
         seen[0] += reached
         seen[1] += total
+        seen[2] += capped
+        seen[3] += len(hypos)
         if reached:
             logger.warning(
                 f"sentence-count frame: {reached} of {total} sentences of this batch "
                 f"({seen[0]} of {seen[1]} so far) reached their maximum length "
-                f"(--doc2doc-max-len-a {opts.max_len_a} * source sentence length + "
-                f"--doc2doc-max-len-b {opts.max_len_b}) and were ended there; raise them if "
-                "these are cut translations")
+                f"max(floor(--doc2doc-max-len-a {opts.max_len_a} * source sentence length + "
+                f"--doc2doc-max-len-b {opts.max_len_b}), --doc2doc-min-sentence-len "
+                f"{opts.min_sentence_len}) and were ended there; raise -a/-b if these are cut "
+                "translations")
+        if capped:
+            logger.warning(
+                f"sentence-count frame: {capped} of {len(hypos)} segments of this batch "
+                f"({seen[2]} of {seen[3]} so far) reached the model's maximum target positions "
+                f"({frame.max_len} output tokens), so their sentences may have ended before "
+                "their own maximum; lower --doc2doc-max-tokens (shorter segments) or use a "
+                "model with more positions")
 
     def _count_cut_segments(self, generator, sample, hypos) -> None:
         """doc2doc without the frame: a segment whose best hypothesis reached

@@ -255,7 +255,9 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
                 (dataset, np.asarray(b, dtype=np.int64)) for b in itr.frozen_batches if len(b))
             return itr
         if isinstance(dataset, SegmentDataset):
-            check_segments_fit_batches(dataset, max_tokens)
+            check_segments_fit_batches(dataset, max_tokens,
+                                       skip_invalid=bool(ignore_invalid_inputs
+                                                         and max_positions is not None))
         # fairseq deals the shuffled batches round-robin, so that the batches of an
         # update depend on (seed, epoch) only: N workers run the micro-batches one
         # process with --update-freq N runs. Every batch carries its own context (or
@@ -319,8 +321,8 @@ class DocumentTranslationTask(DocumentDatasetsMixin, DocumentGenerationMixin, Tr
             return
         warned.add(key)
         logger.warning(
-            "worker %d of %d gets no batch: %d %s for %d workers, so it runs padding batches "
-            "only (in training it contributes no gradient, in validation no sentence); "
+            "worker %d of %d gets no batch: %d %s for %d workers, so it runs empty or padding "
+            "batches only (in training it contributes no gradient, in validation no sentence); "
             "use fewer workers or smaller batches "
             "(--max-tokens / --batch-size, --max-tokens-valid / --batch-size-valid)", shard_id,
             num_shards, count, what, num_shards)

@@ -49,9 +49,10 @@ the generator's new order of the hypotheses, finished rows removed), as is
 each hypothesis's batch row. The only read to the host during the search is
 one per call, of two numbers (the batch's longest frame and shortest feasible
 length), to set ``T`` before the search starts; after it, one more of two
-numbers: how many sentences of the best hypotheses reached their ``L_i``
-(:meth:`SentenceFrame.at_maximum`; the task logs a warning with the count
-and the running total, as for the cut segments of doc2doc without the frame).
+numbers: how many sentences of the best hypotheses reached their ``L_i``,
+and how many rows reached ``T`` where the positions capped it
+(:meth:`SentenceFrame.at_maximum`; the task logs a warning with the counts
+and the running totals, as for the cut segments of doc2doc without the frame).
 
 Not combined with ``--prefix-size``, ``--constraints``, ``--match-source-len``,
 ``--min-len`` above 1 (the frame sets the lengths) or ``--no-repeat-ngram-size``
@@ -193,6 +194,7 @@ class SentenceFrame(GeneratorCallWrapper):
         limit = generator.max_len - 1
         longest, hardest = torch.stack([total.max(), fewest.max()]).tolist()  # one read per call
         self.max_len = min(int(longest), limit)
+        self.capped = longest > limit
         if hardest > self.max_len:
             self._refuse(sample, fewest, n, limit)
         if longest > limit and not _capped_logged:
@@ -228,21 +230,30 @@ class SentenceFrame(GeneratorCallWrapper):
         return self._wrap_model(saved)
 
     def at_maximum(self, hypos) -> torch.Tensor:
-        """``[reached, sentences]`` (a 2-vector on the device): over the best
-        hypothesis of each row of the call's batch (``hypos`` as the generator
-        returns them, in batch order), the sentences whose length reached
-        their maximum ``L_i`` (the frame ended them there: cut, unless the
-        sentence was that long anyway) and all sentences. Read by the caller
-        once per batch, after the search."""
-        best = [h[0]["tokens"] for h in hypos]
+        """``[reached, sentences, capped]`` (a 3-vector on the device): over
+        the best hypothesis of each row of the call's batch (``hypos`` as the
+        generator returns them, in batch order; a row without one is left
+        out), the sentences whose length reached their maximum ``L_i`` (the
+        frame ended them there: cut, unless the sentence was that long
+        anyway), all sentences, and, where the model's positions capped the
+        output below the frame's sum, the rows whose output reached that cap
+        ``T`` (their sentences may have ended before ``L_i``; 0 where not
+        capped). Read by the caller once per batch, after the search."""
         pad = self.gen.pad
+        dev = self.cap.device
+        best = [h[0]["tokens"].to(dev) if h else torch.full((1,), self.eos, device=dev)
+                for h in hypos]
+        has = torch.tensor([bool(h) for h in hypos], device=dev)
         out = torch.nn.utils.rnn.pad_sequence(best, batch_first=True, padding_value=pad)
         _, lengths = source_sentence_lengths(out, self.sep, self.eos, pad)
         w = min(lengths.size(1), self.cap.size(1))
-        in_row = (torch.arange(w, device=out.device).unsqueeze(0)
-                  < self.n.to(out.device).unsqueeze(1))
-        reached = (lengths[:, :w].ge(self.cap[:, :w].to(out.device)) & in_row).sum()
-        return torch.stack([reached, in_row.sum()])
+        in_row = ((torch.arange(w, device=dev).unsqueeze(0) < self.n.unsqueeze(1))
+                  & has.unsqueeze(1))
+        reached = (lengths[:, :w].ge(self.cap[:, :w]) & in_row).sum()
+        generated = out.ne(pad).sum(1) - 1  # without the final </s>
+        capped = (generated.ge(self.max_len) & has).sum() if self.capped else \
+            torch.zeros((), dtype=torch.long, device=dev)
+        return torch.stack([reached, in_row.sum(), capped])
 
     def reorder_incremental_state(self, incremental_states, new_order):
         self.rows = self.rows.index_select(0, new_order)

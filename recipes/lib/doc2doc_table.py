@@ -95,7 +95,7 @@ def markdown(rows):
             "ctx-doc2doc-split (generated with the sentence-count frame: no segment with another "
             "number of sentences than its source). The pronoun suite scores a segment model's sentence as the last of a segment of its previous sentences, whose translations are the references (a forced prefix: an oracle, as for concat's target context). p: sacreBLEU's paired bootstrap of the "
             "tokenized BLEU against the sentence-level transformer, drawing sentences, documents or "
-            "the map's segments (n/a: fewer than 10 documents). Signatures: " + "; ".join(sorted(sigs)) + "."]
+            "the map's segments (n/a: fewer than 10 documents or segments, or identical scores). Signatures: " + "; ".join(sorted(sigs)) + "."]
     return "\n".join(out) + "\n"
 
 
