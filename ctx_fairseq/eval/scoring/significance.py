@@ -30,7 +30,7 @@ Two tests, both sacreBLEU's, differing only in what a resampled unit is:
 
 ``--lowercase`` lower-cases hypotheses and references before every test
 (sacreBLEU's ``lowercase``, ``case:lc`` in the signature): Sun et al.'s
-(2022) lower-cased d-BLEU is tested with ``--tokenize 13a --lowercase`` on
+(2022) lower-cased d-BLEU is tested with ``--tokenize none --lowercase`` on
 tokenized text, as ``ctx-doc-bleu --lowercase`` scores it.
 
 ``python -m ctx_fairseq.eval.scoring.significance --baseline B --system S --refs R [R2 ...]
