@@ -379,7 +379,11 @@ ctx_summary() {
 }
 _ctx_summary_text() {
     local f
-    printf '# %s results (%s)\n\n' "$RECIPE_NAME" "$([ "$SMOKE" = 1 ] && echo 'smoke run: tiny model, meaningless numbers' || echo 'full run')"
+    local mode='full run'
+    if [ "$SMOKE" = 1 ]; then mode='smoke run: tiny model, meaningless numbers'
+    elif [ "${MARUF_STUDY:-0}" = 1 ]; then mode='CPU study: a small model at a CPU budget (see the recipe README)'
+    fi
+    printf '# %s results (%s)\n\n' "$RECIPE_NAME" "$mode"
     if [ -n "$1" ]; then cat "$1"; printf '\n'; fi
     for f in "$WORK"/results/*/*.log; do
         [ -e "$f" ] || continue
