@@ -77,7 +77,7 @@ d2d_spec() {
 d2d_arch_label() {
     case $1 in
         doc2doc) printf 'transformer, doc2doc greedy segments (Junczys-Dowmunt 2019)\n' ;;
-        doc2doc_mr) printf 'transformer, multi-resolution doc2doc (Sun et al. 2022)\n' ;;
+        doc2doc_mr) printf 'transformer, multi-resolution doc2doc (Sun et al. 2022), fine-tuned from the sentence model (theirs: from scratch)\n' ;;
         gtrans) printf 'transformer_gtrans, G-Transformer from the sentence model (Bao et al. 2021)\n' ;;
     esac
 }

@@ -51,7 +51,8 @@ ARCH = {"sentence": "transformer (stage 1)", "transformer": "transformer (contin
         "selective": "transformer_selective_doc (encoder, online, H-attention)",
         "dc": "transformer_dc (sentence-level)", "hybrid": "transformer_hybrid (sentence-level)",
         "doc2doc": "transformer, doc2doc greedy segments (Junczys-Dowmunt 2019)",
-        "doc2doc_mr": "transformer, multi-resolution doc2doc (Sun et al. 2022)",
+        "doc2doc_mr": "transformer, multi-resolution doc2doc (Sun et al. 2022), fine-tuned from the "
+                      "sentence model (theirs: from scratch)",
         "gtrans": "transformer_gtrans, G-Transformer (Bao et al. 2021)"}
 #: the tools whose exact command lines run.sh records (WORK/commands/NAME.TOOL.sh)
 TOOLS = ("fairseq-train", "fairseq-generate", "ctx-iterative-decode",
