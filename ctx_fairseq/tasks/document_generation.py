@@ -148,6 +148,14 @@ class DocumentGenerationMixin:
         self._count_at_maximum(frame, hypos, opts)
         return hypos
 
+    def _running_totals(self, key: str, *counts: int) -> list:
+        """Add this batch's ``counts`` to the process's running totals named
+        ``key`` (for the generation warnings' "so far") and return them."""
+        seen = self.__dict__.setdefault(key, [0] * len(counts))
+        for k, c in enumerate(counts):
+            seen[k] += c
+        return seen
+
     def _count_at_maximum(self, frame, hypos, opts) -> None:
         """Under the frame: the sentences of the best hypotheses that reached
         their maximum ``max(floor(a * |x_i| + b), m)`` tokens (the frame ended
@@ -158,11 +166,7 @@ class DocumentGenerationMixin:
         if not hypos:
             return
         reached, total, capped = (int(v) for v in frame.at_maximum(hypos).tolist())
-        seen = self.__dict__.setdefault("_sentences_at_maximum", [0, 0, 0, 0])
-        seen[0] += reached
-        seen[1] += total
-        seen[2] += capped
-        seen[3] += len(hypos)
+        seen = self._running_totals("_sentences_at_maximum", reached, total, capped, len(hypos))
         if reached:
             logger.warning(
                 f"sentence-count frame: {reached} of {total} sentences of this batch "
@@ -189,9 +193,7 @@ class DocumentGenerationMixin:
         limit = min(int(generator.max_len_a * src_len + generator.max_len_b),
                     int(getattr(generator, "max_len", 1 << 30)) - 1)
         cut = sum(1 for h in hypos if h and int(h[0]["tokens"].numel()) > limit)
-        seen = self.__dict__.setdefault("_segments_cut", [0, 0])
-        seen[0] += cut
-        seen[1] += len(hypos)
+        seen = self._running_totals("_segments_cut", cut, len(hypos))
         if cut:
             logger.warning(
                 f"doc2doc without the sentence-count frame: {cut} of {len(hypos)} segments of "
